@@ -64,6 +64,7 @@ def generate(
     record.step_drafted.append(0)
     record.step_aux.append(0)
     record.step_draft_s.append(0.0)
+    record.step_lookup_s.append(0.0)
 
     seq = list(prompt_ids) + record.output_ids
     step = 0
@@ -92,11 +93,12 @@ def generate(
         record.step_drafted.append(n)
         record.step_aux.append(draft.n_aux)
         record.step_draft_s.append((proposed - start) + (end - verified))
+        record.step_lookup_s.append(draft.lookup_s)
         if n:
-            sources = draft.sources or ["unknown"] * n
-            record.drafted_by_source.update(sources)
+            for i in range(n):  # a node several sources proposed counts for each of them
+                record.drafted_by_source.update(draft.sources_of(i))
             for depth, i in enumerate(path[: min(kept, len(path))], start=1):
-                record.accepted_by_source[sources[i]] += 1
+                record.accepted_by_source.update(draft.sources_of(i))
                 record.accepted_by_position[depth] += 1
     record.decode_s = sum(record.step_times[1:])
     return record

@@ -41,7 +41,9 @@ class Draft:
 
     tokens: list[int] = field(default_factory=list)
     parents: list[int] = field(default_factory=list)
-    sources: list[str] | None = None
+    # Where each guess came from; a node several sources proposed holds a tuple of them
+    # (each source is credited, see :meth:`sources_of`).
+    sources: list[str | tuple[str, ...]] | None = None
     # Optional draft distribution per guess: [n_guesses, vocab] probabilities q
     # of the distribution the guess was sampled from (draft-model methods).
     draft_probs: torch.Tensor | None = None
@@ -51,6 +53,9 @@ class Draft:
     # Which auxiliary nodes' logits the drafter needs (None = all): the output layer
     # then runs only on the root, the guesses and these rows.
     aux_logit_rows: list[int] | None = None
+    # Seconds the drafter spent searching external stores (datastore lookups) in this proposal,
+    # recorded apart from the rest of drafting.
+    lookup_s: float = 0.0
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -77,12 +82,13 @@ class Draft:
     def from_sequences(cls, seqs: list[list[int]], sources: list[str]) -> Draft:
         """A tree from several guess sequences, merging shared prefixes (a trie).
 
-        The first sequence that introduces a node gives it its source; siblings
-        keep the order in which the sequences are listed (priority order).
+        Siblings keep the order in which the sequences are listed (priority
+        order). A node that sequences of several sources pass through records
+        all of them, in the order they first reached it.
         """
         tokens: list[int] = []
         parents: list[int] = []
-        node_sources: list[str] = []
+        node_sources: list[str | tuple[str, ...]] = []
         children: dict[tuple[int, int], int] = {}
         for seq, src in zip(seqs, sources, strict=True):
             parent = -1
@@ -95,8 +101,20 @@ class Draft:
                     tokens.append(int(tok))
                     parents.append(parent)
                     node_sources.append(src)
+                else:
+                    have = node_sources[node]
+                    have_t = have if isinstance(have, tuple) else (have,)
+                    if src not in have_t:
+                        node_sources[node] = (*have_t, src)
                 parent = node
         return cls(tokens=tokens, parents=parents, sources=node_sources)
+
+    def sources_of(self, i: int) -> tuple[str, ...]:
+        """Every source that proposed guess ``i`` (``("unknown",)`` when the drafter named none)."""
+        if self.sources is None:
+            return ("unknown",)
+        src = self.sources[i]
+        return src if isinstance(src, tuple) else (src,)
 
     def is_chain(self) -> bool:
         return all(p == i - 1 for i, p in enumerate(self.parents))
@@ -191,6 +209,11 @@ class Drafter:
 
     def start(self, prompt_ids: list[int]) -> None:
         """A new generation begins (each sample and each turn)."""
+
+    @classmethod
+    def preflight(cls, config: Any, run_cfg: Any) -> None:
+        """Checks that need no model (files exist, settings agree), run before the model loads.
+        Raise specbench.config.ConfigError with one line naming the fix."""
 
     def propose(self, state: DecodeState) -> Draft | None:
         return None

@@ -104,6 +104,11 @@ def _group_stats(g: pd.DataFrame) -> dict:
         "overhead_ms_per_step": (
             1000.0 * float(g["draft_overhead_s"].sum()) / decode_steps if decode_steps else math.nan
         ),
+        "lookup_ms_per_step": (
+            1000.0 * float(g["lookup_s"].sum()) / decode_steps
+            if decode_steps and "lookup_s" in g.columns
+            else math.nan
+        ),
     }
     for col in QUALITY_COLUMNS:
         if col in g.columns:

@@ -25,6 +25,7 @@ class GenerationRecord:
     step_drafted: list[int] = field(default_factory=list)  # guesses verified per step (0 for prefill)
     step_aux: list[int] = field(default_factory=list)  # auxiliary nodes per step
     step_draft_s: list[float] = field(default_factory=list)  # seconds in propose + update per step
+    step_lookup_s: list[float] = field(default_factory=list)  # of which: external-store lookups (0 for prefill)
     drafted_by_source: Counter = field(default_factory=Counter)  # guesses on the verified tree, by source
     accepted_by_source: Counter = field(default_factory=Counter)  # accepted guesses, by source
     accepted_by_position: Counter = field(default_factory=Counter)  # accepted guesses by depth (1 = first)

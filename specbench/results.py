@@ -125,6 +125,8 @@ def make_row(
         "accepted_by_source": _counter_json(record.accepted_by_source),
         "accepted_by_position": _counter_json(record.accepted_by_position),
         "draft_overhead_s": float(sum(record.step_draft_s)),
+        "lookup_s": float(sum(record.step_lookup_s)),
+        "step_lookup_s": [float(t) for t in record.step_lookup_s],
         "output_ids": ids,
         "output_sha1": output_sha1(ids),
         "output_text": output_text,

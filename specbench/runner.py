@@ -57,6 +57,7 @@ def _hash_config(cfg: DictConfig) -> str:
 def run(cfg: DictConfig) -> Any:
     """Run one job; return the summary DataFrame of everything in its results file."""
     checked = validate(cfg)
+    get_method(cfg.method.name).preflight(checked["method"], cfg)
     ddef = datasets_.get_dataset(cfg.dataset.name)
     datasets_.check_available(cfg.dataset)
     sampling = SamplingParams(temperature=cfg.temperature, top_k=cfg.top_k or 0, top_p=cfg.top_p)

@@ -38,3 +38,35 @@ def test_random_trees_keep_the_distribution_of_a_real_transformer():
     assert_sampling_preserves_distribution(
         lambda: RandomTree(rng), SamplingParams(temperature=1.0), target=small_vocab_target(), trials=1500
     )
+
+
+class SharedNode(Drafter):
+    """Proposes, every step, two sequences that share their first token: [t, x] by "a", [t, y] by "b",
+    where t is the bigram target's greedy next token (so the shared node is accepted) and x, y are wrong."""
+
+    def __init__(self, target):
+        super().__init__(vocab_size=SMALL_VOCAB)
+        self.table = target.table
+
+    def propose(self, state):
+        t = int(self.table[state.tokens[-1]].argmax())
+        after = int(self.table[t].argmax())
+        x, y = [v for v in range(SMALL_VOCAB) if v != after][:2]
+        draft = Draft.from_sequences([[t, x], [t, y]], ["a", "b"])
+        draft.lookup_s = 0.25
+        return draft
+
+
+def test_a_node_two_sources_proposed_counts_for_both():
+    from specbench.decode import generate
+    from tests.lossless import BigramTarget
+
+    target = BigramTarget()
+    rec = generate(target, SharedNode(target), [1, 2, 3], max_new_tokens=9)
+    steps = rec.steps - 1  # decode steps; each accepts the shared node and then the target's token
+    assert rec.step_tokens[1:] == [2] * steps
+    # per step: the shared node (a and b) + x (a) + y (b) drafted; the shared node accepted
+    assert rec.drafted_by_source == {"a": 2 * steps, "b": 2 * steps}
+    assert rec.accepted_by_source == {"a": steps, "b": steps}
+    assert rec.accepted_by_position == {1: steps}
+    assert rec.step_lookup_s == [0.0] + [0.25] * steps

@@ -47,6 +47,7 @@ def row(
         "wall_s": sum(step_times),
         "accepted_per_step": [n - 1 for n in step_tokens[1:]],
         "draft_overhead_s": overhead,
+        "lookup_s": overhead / 5,
         "output_ids": output_ids,
         "drafted_by_source": json.dumps(drafted or {}),
         "accepted_by_source": json.dumps(accepted or {}),
@@ -136,6 +137,7 @@ def test_summarize_method(df):
     assert pld["speedup"] == pytest.approx(2.0)
     assert pld["greedy_match"] == pytest.approx(0.5)  # b differs in one token
     assert pld["overhead_ms_per_step"] == pytest.approx(7.0)  # 35 ms / 5 decode steps
+    assert pld["lookup_ms_per_step"] == pytest.approx(1.4)  # a fifth of it in lookups
     assert pld["rouge1"] == pytest.approx(0.7)
 
 

@@ -46,7 +46,10 @@ def test_greedy_multi_branch_tree_picks_matching_branch():
     draft = Draft.from_sequences([[1, 2], [3, 4, 5], [3, 4, 6]], ["fwd_dict", "bwd_dict", "pool"])
     assert draft.tokens == [1, 2, 3, 4, 5, 6]
     assert draft.parents == [-1, 0, -1, 2, 3, 3]
-    assert draft.sources == ["fwd_dict", "fwd_dict", "bwd_dict", "bwd_dict", "bwd_dict", "pool"]
+    # nodes 3 and 4 are on both the bwd_dict and the pool sequence: both sources are kept
+    both = ("bwd_dict", "pool")
+    assert draft.sources == ["fwd_dict", "fwd_dict", both, both, "bwd_dict", "pool"]
+    assert draft.sources_of(2) == both and draft.sources_of(0) == ("fwd_dict",)
     # rows: root, after 1, after 2, after 3, after 4, after 5, after 6
     logits = onehot_logits([3, 0, 0, 4, 6, 0, 2])
     path, tokens = accept(draft, logits, GREEDY)
