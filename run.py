@@ -19,5 +19,5 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     with one_line_errors():
-        check_overrides(sys.argv[1:])
+        sys.argv[1:] = check_overrides(sys.argv[1:])
     main()

@@ -24,17 +24,114 @@ def group_choices(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
 
 
-def check_overrides(overrides: list[str]) -> None:
-    """Reject ``group=unknown`` on the command line with a "did you mean" hint."""
+def check_overrides(overrides: list[str]) -> list[str]:
+    """Check the command line before Hydra composes it; return it, adjusted.
+
+    ``group=unknown`` gets a "did you mean" hint. ``method.<field>=value`` is
+    checked against the fields of the method(s) the command selects: an unknown
+    field gets a hint, a known one that the preset's YAML does not list is
+    passed on as ``++method.<field>=value`` (Hydra would refuse it otherwise).
+    """
+    out = []
     for item in overrides:
         if item.startswith("-") or "=" not in item:
+            out.append(item)
             continue
         key, value = item.split("=", 1)
-        key = key.lstrip("+~")
-        if key in GROUPS and value and "," not in value and value != "null":
-            choices = group_choices(key)
+        bare = key.lstrip("+~")
+        if bare in GROUPS and value and "," not in value and value != "null":
+            choices = group_choices(bare)
             if value not in choices:
-                raise ConfigError(suggest(key, value, choices, f"Pick one with {key}=<name>."))
+                raise ConfigError(suggest(bare, value, choices, f"Pick one with {bare}=<name>."))
+        if key.startswith("method.") and "." not in key[len("method.") :]:
+            field = key[len("method.") :]
+            if field != "name" and not _check_method_field(field, overrides):
+                item = f"++{item}"
+        out.append(item)
+    return out
+
+
+def _override_values(overrides: list[str], key: str) -> list[str]:
+    values = []
+    for item in overrides:
+        k, _, v = item.partition("=")
+        if k.lstrip("+") == key and v:
+            values += [x.strip() for x in v.split(",") if x.strip()]
+    return values
+
+
+def _chosen_method_presets(overrides: list[str]) -> list[str]:
+    """The method presets a command line selects: its own ``method=``, its experiment's, or the default."""
+    presets = _override_values(overrides, "method")
+    if presets:
+        return presets
+    for exp in _override_values(overrides, "experiment"):
+        path = CONF_DIR / "experiment" / f"{exp}.yaml"
+        if not path.exists():
+            continue
+        conf = OmegaConf.to_container(OmegaConf.load(path))
+        for entry in conf.get("defaults", []) or []:
+            if isinstance(entry, dict) and "override /method" in entry:
+                presets.append(str(entry["override /method"]))
+        swept = ((conf.get("hydra") or {}).get("sweeper") or {}).get("params") or {}
+        if "method" in swept:
+            presets += [x.strip() for x in str(swept["method"]).split(",")]
+    if presets:
+        return presets
+    for entry in OmegaConf.to_container(OmegaConf.load(CONF_DIR / "config.yaml"))["defaults"]:
+        if isinstance(entry, dict) and "method" in entry:
+            return [str(entry["method"])]
+    return []
+
+
+def _check_method_field(field: str, overrides: list[str]) -> bool:
+    """Is ``field`` listed in every selected preset's YAML? Raise when a selected method lacks it."""
+    import dataclasses
+
+    from specbench.registry import get_method
+
+    listed = True
+    for preset in _chosen_method_presets(overrides):
+        path = CONF_DIR / "method" / f"{preset}.yaml"
+        if not path.exists():
+            continue  # an unknown preset is reported as such
+        conf = OmegaConf.to_container(OmegaConf.load(path))
+        config_cls = get_method(str(conf.get("name", preset))).Config
+        fields = [f.name for f in dataclasses.fields(config_cls)] if dataclasses.is_dataclass(config_cls) else []
+        if field not in fields:
+            raise UnknownNameError(
+                suggest(f"setting of method {conf.get('name', preset)}", field, fields or ["(none)"])
+            )
+        listed = listed and field in conf
+    return listed
+
+
+def _number(cfg: DictConfig, key: str, kind: type, *, minimum=None, nullable=False, what=""):
+    """``cfg[key]`` as an int or float, or a one-line ConfigError naming what it should be."""
+    value = cfg.get(key)
+    if value is None and nullable:
+        return None
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if ok and kind is int:
+        ok = float(value).is_integer()
+    if ok and minimum is not None:
+        ok = value >= minimum
+    if not ok:
+        raise ConfigError(f"{key} must be {what}, got {value!r}")
+    return kind(value)
+
+
+def _check_numbers(cfg: DictConfig) -> None:
+    _number(cfg, "temperature", float, minimum=0, what="a number >= 0 (0 = greedy)")
+    _number(cfg, "top_p", float, what="a number in (0, 1]")
+    _number(cfg, "top_k", int, minimum=0, nullable=True, what="a whole number >= 0 (0 = off)")
+    _number(cfg, "seed", int, what="a whole number")
+    _number(cfg, "max_new_tokens", int, minimum=1, nullable=True, what="a positive number of tokens (or null)")
+    _number(cfg, "limit", int, minimum=1, nullable=True, what="a positive number of samples (or null for all)")
+    _number(cfg, "offset", int, minimum=0, what="a whole number >= 0")
+    _number(cfg, "warmup", int, minimum=0, what="a whole number of warm-up generations >= 0")
+    if "hardware" in cfg and cfg.hardware.get("num_threads") is not None:
+        _number(cfg.hardware, "num_threads", int, minimum=1, what="a positive number of threads (or null)")
 
 
 def method_params(cfg: DictConfig) -> dict[str, Any]:
@@ -49,16 +146,11 @@ def validate(cfg: DictConfig) -> dict[str, Any]:
     from specbench.models import model_config_check
     from specbench.sampling import SamplingParams
 
+    _check_numbers(cfg)
     try:
         SamplingParams(temperature=cfg.temperature, top_k=cfg.top_k or 0, top_p=cfg.top_p)
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    if cfg.max_new_tokens is not None and int(cfg.max_new_tokens) < 1:
-        raise ConfigError(f"max_new_tokens must be a positive number of tokens, got {cfg.max_new_tokens}")
-    if cfg.limit is not None and int(cfg.limit) < 1:
-        raise ConfigError(f"limit must be a positive number of samples (or null for all), got {cfg.limit}")
-    if int(cfg.offset) < 0:
-        raise ConfigError(f"offset must be >= 0, got {cfg.offset}")
     try:
         method_cfg = build_method_config(cfg.method.name, method_params(cfg))
     except UnknownNameError:

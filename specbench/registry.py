@@ -5,6 +5,8 @@ from __future__ import annotations
 import difflib
 import importlib
 import pkgutil
+import types
+import typing
 from typing import Any
 
 
@@ -66,8 +68,40 @@ def build_method_config(name: str, params: dict[str, Any]) -> Any:
     for key in params:
         if key not in fields:
             raise UnknownNameError(suggest(f"setting of method {name}", key, sorted(fields) or ["(none)"]))
+    if fields:
+        hints = typing.get_type_hints(cls.Config)
+        params = {k: _typed(k, hints.get(k), v) for k, v in params.items()}
     cfg = cls.Config(**params)
     check = getattr(cfg, "validate", None)
     if callable(check):
         check()
     return cfg
+
+
+_KIND = {int: "a whole number", float: "a number", bool: "true or false", str: "a string"}
+
+
+def _typed(field: str, hint: Any, value: Any) -> Any:
+    """``value`` as the dataclass field's type (int, float, bool, str, optionally ``| None``), or ValueError."""
+    options = [hint]
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        options = list(typing.get_args(hint))
+    if value is None:
+        if type(None) in options or hint is None:
+            return None
+        raise ValueError(f"{field} may not be null")
+    simple = [t for t in options if t in _KIND]
+    if len(simple) != len([t for t in options if t is not type(None)]):
+        return value  # a type this check does not know (list, Literal, ...): the dataclass decides
+    for t in simple:
+        if t is bool and isinstance(value, bool):
+            return value
+        if t is int and isinstance(value, (int, float)) and not isinstance(value, bool):
+            if float(value).is_integer():
+                return int(value)
+        if t is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if t is str and isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+    want = " or ".join(_KIND[t] for t in simple) + (" (or null)" if type(None) in options else "")
+    raise ValueError(f"{field} must be {want}, got {value!r}")

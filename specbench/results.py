@@ -1,9 +1,11 @@
-"""Result rows and their parquet files: one row per sample × turn, one file per job.
+"""Result rows and their parquet files: one row per sample × turn × method.
 
-A job's file is ``results/<experiment>/<run_name>.parquet``. :class:`ResultWriter`
-rewrites it atomically after every row, so a run killed at any moment leaves a
-complete file and loses at most the sample in flight; reopening it resumes
-(see :meth:`ResultWriter.done_keys`).
+A run (one config: model, method, dataset, settings) is the folder
+``results/<experiment>/<run_name>/``, one small parquet file per row, each
+written under a temporary name and renamed into place. So a job killed at any
+moment loses at most the generation in flight, a re-run resumes, and any
+number of jobs (shards of one run, a requeued job) write the same run at once
+without losing or overwriting a row (see :class:`ResultWriter`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,12 @@ import hashlib
 import json
 import os
 import re
+import secrets
+import sys
+import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from specbench import metrics
+from specbench.config import ConfigError
 from specbench.record import GenerationRecord
 
 # Run-level fields the runner must put in ``context``.
@@ -39,6 +47,8 @@ REQUIRED_CONTEXT = (
     "seed",
     "max_new_tokens",
 )
+# Rows that agree on these are one measurement: reading keeps one of them.
+DEDUP_KEYS = ("experiment", "config_hash", "sample_id", "turn", "method")
 PROVENANCE_FIELDS = (
     "git_commit",
     "specbench_version",
@@ -131,6 +141,7 @@ def make_row(
         "output_sha1": output_sha1(ids),
         "output_text": output_text,
         "finish_reason": record.finish_reason,
+        "finished_at": datetime.now(timezone.utc).isoformat(timespec="microseconds"),
     }
     for k, v in (extra or {}).items():
         if k in row:
@@ -156,9 +167,24 @@ def run_name(model: str, method: str, dataset: str, temperature: float, seed: in
     return "__".join(_slug(p) for p in parts)
 
 
+def run_dir_path(results_dir: str | os.PathLike, experiment: str, run_name: str) -> Path:
+    """``<results_dir>/<experiment>/<run_name>/``: the folder of one run's row files."""
+    return Path(results_dir) / _slug(experiment) / run_name
+
+
 def run_file_path(results_dir: str | os.PathLike, experiment: str, run_name: str) -> Path:
-    """``<results_dir>/<experiment>/<run_name>.parquet``."""
+    """``<results_dir>/<experiment>/<run_name>.parquet``: a run's single file as earlier versions wrote it
+    (still read, never written)."""
     return Path(results_dir) / _slug(experiment) / f"{run_name}.parquet"
+
+
+def key_hash(sample_id: str, turn: int, method: str) -> str:
+    """Short stable hash of a row key (sample_id, turn, method), used in row file names."""
+    return hashlib.sha1(json.dumps([str(sample_id), int(turn), str(method)]).encode()).hexdigest()[:16]
+
+
+def row_key(row: dict[str, Any]) -> tuple[str, int, str]:
+    return (str(row["sample_id"]), int(row["turn"]), str(row["method"]))
 
 
 def _to_table(rows: list[dict[str, Any]]) -> pa.Table:
@@ -168,61 +194,178 @@ def _to_table(rows: list[dict[str, Any]]) -> pa.Table:
     return pa.table({c: [r.get(c) for r in rows] for c in columns})
 
 
-class ResultWriter:
-    """Append-only parquet file of one job, rewritten atomically on each append."""
+def _reason(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return (text[0] if text else type(err).__name__)[:160]
 
-    def __init__(self, path: str | os.PathLike) -> None:
-        self.path = Path(path)
-        self.tmp_path = self.path.with_name(self.path.name + ".tmp")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if self.tmp_path.exists():  # a write interrupted before os.replace: never complete
-            self.tmp_path.unlink()
-        self.rows: list[dict[str, Any]] = pq.read_table(self.path).to_pylist() if self.path.exists() else []
+
+def _read(path: Path) -> list[dict[str, Any]]:
+    return pq.read_table(path).to_pylist()
+
+
+def _earlier(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Of two rows for one key, the one to keep: the earlier ``finished_at``, then the smaller file name."""
+    return (str(a.get("finished_at", "")), a.get("_file", "")) < (str(b.get("finished_at", "")), b.get("_file", ""))
+
+
+class ResultWriter:
+    """The rows of one run: a folder of small parquet files, one per generation.
+
+    Several jobs may write the same run at once (shards by offset/limit, a
+    requeued SLURM job, a sweep and a manual re-run, on one machine or on a
+    shared filesystem). Each writer puts every row in a file of its own,
+    ``<method>__<key hash>__<writer id>.parquet``, written to a hidden
+    temporary name and renamed into place, so no writer ever touches another's
+    files and no lock is needed. Before a generation the runner asks
+    :meth:`recorded`, which also looks for rows other jobs wrote since, and
+    skips what is there. Two jobs that start the same generation at the same
+    moment both keep their row; :func:`load_results` and this class keep
+    exactly one (the earlier ``finished_at``). Appending costs one small file,
+    whatever the size of the run.
+
+    ``legacy_file`` is a single-file run as earlier versions wrote it: read, never written.
+    An unreadable file of the run stops the writer with a one-line error (never overwritten).
+    """
+
+    def __init__(self, run_dir: str | os.PathLike, legacy_file: str | os.PathLike | None = None) -> None:
+        self.dir = Path(run_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.writer_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{secrets.token_hex(4)}"
+        self._rows: dict[tuple[str, int, str], dict[str, Any]] = {}
+        self._seen: set[str] = set()
+        self.found_from_others = 0  # rows other jobs recorded after this writer started
+        files = sorted(self.dir.glob("*.parquet"))
+        self.legacy_files = [Path(legacy_file)] if legacy_file is not None and Path(legacy_file).exists() else []
+        files = self.legacy_files + files
+        for f in files:
+            self._load(f, strict=True)
+
+    def _load(self, path: Path, strict: bool) -> None:
+        name = str(path)
+        if name in self._seen:
+            return
+        try:
+            rows = _read(path)
+        except Exception as err:  # a truncated or corrupt file (killed copy, full disk)
+            if strict:
+                raise ConfigError(
+                    f"results file {path} is unreadable ({_reason(err)}): move it aside "
+                    f"(mv '{path}' '{path}.bad') and re-run; nothing was written"
+                ) from None
+            return  # another job's file caught mid-rename is never visible: this one is damaged; skip it
+        self._seen.add(name)
+        for row in rows:
+            row["_file"] = path.name
+            key = row_key(row)
+            if key not in self._rows or _earlier(row, self._rows[key]):
+                self._rows[key] = row
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        """The run's rows, one per key, without bookkeeping fields."""
+        return [{k: v for k, v in r.items() if k != "_file"} for r in self._rows.values()]
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return len(self._rows)
 
     def done_keys(self) -> set[tuple[str, int, str]]:
-        """(sample_id, turn, method) of every row already written."""
-        return {(r["sample_id"], int(r["turn"]), r["method"]) for r in self.rows}
+        """(sample_id, turn, method) of every row recorded when this writer last looked."""
+        return set(self._rows)
 
-    def append(self, row: dict[str, Any]) -> None:
-        """Add a row and rewrite the file; a row whose key is already written is refused."""
-        key = (row["sample_id"], int(row["turn"]), row["method"])
-        if key in self.done_keys():
-            raise ValueError(f"ResultWriter: {key} is already in {self.path}")
-        self.rows.append(row)
-        try:
-            self._write()
-        except BaseException:
-            self.rows.pop()
-            raise
+    def recorded(self, key: tuple[str, int, str]) -> dict[str, Any] | None:
+        """The row recorded for ``key``, looking for files other jobs wrote since this writer started."""
+        if key not in self._rows:
+            for f in sorted(self.dir.glob(f"*__{key_hash(*key)}__*.parquet")):
+                self._load(f, strict=False)
+            if key in self._rows:
+                self.found_from_others += 1
+        return self._rows.get(key)
 
-    def _write(self) -> None:
-        table = _to_table(self.rows)
-        with open(self.tmp_path, "wb") as f:
+    def append(self, row: dict[str, Any]) -> Path:
+        """Write one row to a file of its own; a key already recorded (here or by another job) is refused."""
+        key = row_key(row)
+        if self.recorded(key) is not None:
+            raise ValueError(f"ResultWriter: {key} is already recorded in {self.dir}")
+        path = self.dir / f"{_slug(key[2])}__{key_hash(*key)}__{self.writer_id}.parquet"
+        tmp = self.dir / f".{path.name}.tmp"
+        table = _to_table([row])
+        with open(tmp, "wb") as f:
             pq.write_table(table, f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(self.tmp_path, self.path)
-        try:  # make the rename itself durable
-            dir_fd = os.open(self.path.parent, os.O_RDONLY)
-        except OSError:
-            return
-        try:
-            os.fsync(dir_fd)
-        except OSError:
-            pass
-        finally:
-            os.close(dir_fd)
+        os.replace(tmp, path)
+        _fsync_dir(self.dir)
+        self._seen.add(str(path))
+        self._rows[key] = {**row, "_file": path.name}
+        return path
 
 
-def load_results(source: str | os.PathLike | Iterable[str | os.PathLike]) -> pd.DataFrame:
-    """Concatenate result files: a file, a directory (searched recursively), or a list of either."""
+def _fsync_dir(path: Path) -> None:
+    """Make a rename durable (best effort: some filesystems refuse to open a directory)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def result_files(source: str | os.PathLike | Iterable[str | os.PathLike]) -> list[Path]:
+    """Parquet files of a file, a directory (searched recursively) or a list of either."""
     sources = [source] if isinstance(source, (str, os.PathLike)) else list(source)
     files: list[Path] = []
     for s in map(Path, sources):
         files += sorted(s.rglob("*.parquet")) if s.is_dir() else [s]
-    frames = [pq.read_table(f).to_pandas() for f in files]
-    frames = [f for f in frames if not f.empty]
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    return files
+
+
+def load_results(
+    source: str | os.PathLike | Iterable[str | os.PathLike], *, quiet: bool = False
+) -> pd.DataFrame:
+    """Every row of a file, a directory (searched recursively) or a list of either, one per run and key.
+
+    Rows that concurrent jobs both recorded for one (experiment, config_hash,
+    sample_id, turn, method) are kept once: the earlier ``finished_at``. An
+    unreadable file is reported in one line on stderr (unless ``quiet``) and
+    the rest are read; their paths are in ``df.attrs["unreadable"]``.
+    """
+
+    def read(f: Path) -> pa.Table | Exception:
+        try:
+            return pq.read_table(f)
+        except Exception as err:  # reported below, in file order
+            return err
+
+    files = result_files(source)
+    with ThreadPoolExecutor(max_workers=8) as pool:  # file reads wait on the filesystem (NFS, Lustre)
+        read_back = list(pool.map(read, files))
+    tables, unreadable = [], []
+    for f, table in zip(files, read_back, strict=True):
+        if isinstance(table, Exception):
+            unreadable.append(str(f))
+            if not quiet:
+                print(
+                    f"warning: skipped unreadable results file {f} ({_reason(table)}); move it aside",
+                    file=sys.stderr,
+                )
+        elif table.num_rows:
+            tables.append(table.append_column("_file", pa.array([f.name] * table.num_rows, pa.string())))
+    # one conversion for the whole set (a pandas frame per file costs more than reading the file)
+    df = pa.concat_tables(tables, promote_options="permissive").to_pandas() if tables else pd.DataFrame()
+    if not df.empty:
+        keys = [k for k in DEDUP_KEYS if k in df.columns]
+        if {"sample_id", "turn", "method"} <= set(keys):
+            order = ["finished_at", "_file"] if "finished_at" in df.columns else ["_file"]
+            df = (
+                df.sort_values(order, kind="stable", na_position="last")
+                .drop_duplicates(keys, keep="first")
+                .sort_index()
+                .reset_index(drop=True)
+            )
+        df = df.drop(columns="_file")
+    df.attrs["unreadable"] = unreadable
+    return df

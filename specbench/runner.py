@@ -29,7 +29,7 @@ from specbench.metrics import format_table, summarize
 from specbench.models import load_model
 from specbench.provenance import config_hash, environment_info
 from specbench.registry import get_method
-from specbench.results import ResultWriter, load_results, make_row, run_file_path, run_name
+from specbench.results import ResultWriter, load_results, make_row, run_dir_path, run_file_path, run_name
 from specbench.sampling import SamplingParams
 from specbench.verify import Target
 
@@ -74,6 +74,14 @@ def run(cfg: DictConfig) -> Any:
             f"dataset {ddef.name}: no samples selected (offset={cfg.offset}, limit={cfg.limit})"
         )
 
+    method = cfg.method.name
+    methods = [method] + ([BASELINE] if cfg.baseline and method != BASELINE else [])
+    chash = _hash_config(cfg)
+    name = run_name(cfg.model.name, method, ddef.name, cfg.temperature, cfg.seed, chash)
+    folder = run_dir_path(cfg.results_dir, cfg.experiment_name, name)
+    # Opened before the model loads: an unreadable results file stops the job before any long work.
+    writer = ResultWriter(folder, legacy_file=run_file_path(cfg.results_dir, cfg.experiment_name, name))
+
     _seed_everything(cfg.seed)
     loaded = load_model(cfg.model, cfg.hardware)
     target = Target(loaded.model)
@@ -93,8 +101,6 @@ def run(cfg: DictConfig) -> Any:
             f"dataset {ddef.name}: every selected sample was skipped (see dataset.max_input_tokens)"
         )
 
-    method = cfg.method.name
-    methods = [method] + ([BASELINE] if cfg.baseline and method != BASELINE else [])
     drafters = {
         name: get_method(name)(
             checked["method"] if name == method else get_method(name).Config(),
@@ -104,15 +110,7 @@ def run(cfg: DictConfig) -> Any:
         )
         for name in methods
     }
-    chash = _hash_config(cfg)
-    path = run_file_path(
-        cfg.results_dir,
-        cfg.experiment_name,
-        run_name(loaded.name, method, ddef.name, cfg.temperature, cfg.seed, chash),
-    )
-    writer = ResultWriter(path)
     done = writer.done_keys()
-    recorded_text = {(r["sample_id"], r["turn"], r["method"]): r["output_text"] for r in writer.rows}
 
     context = {
         "run_id": uuid.uuid4().hex[:12],
@@ -139,7 +137,7 @@ def run(cfg: DictConfig) -> Any:
     n_gen = sum(len(s.turns) for s, _ in todo)
     n_done = sum(1 for s, m in todo for t in range(len(s.turns)) if (s.sample_id, t, m) in done)
     if n_done:
-        print(f"resuming {path}: {n_done} of {n_gen} generations already recorded", file=sys.stderr)
+        print(f"resuming {folder}: {n_done} of {n_gen} generations already recorded", file=sys.stderr)
     if n_done < n_gen and cfg.warmup:
         warm = next(iter(first_prompts.values()))
         for name in methods:
@@ -166,8 +164,11 @@ def run(cfg: DictConfig) -> Any:
         answers: list[str] = []
         for turn in range(len(sample.turns)):
             key = (sample.sample_id, turn, name)
-            if key in done:
-                answers.append(recorded_text[key])
+            recorded = writer.recorded(key)  # also sees rows that concurrent jobs of this run wrote
+            if recorded is not None:
+                answers.append(recorded["output_text"])
+                if key not in done:
+                    bar.update(1)
                 continue
             try:
                 ids = (
@@ -199,15 +200,24 @@ def run(cfg: DictConfig) -> Any:
                 output_text=text,
                 extra=scores,
             )
-            writer.append(row)
+            earlier = writer.recorded(key)  # a concurrent job of this run may have finished it meanwhile
+            if earlier is None:
+                writer.append(row)
+            else:  # keep the earlier row (reading would keep it anyway) and go on from its text
+                text = earlier["output_text"]
             answers.append(text)
             bar.set_postfix(method=name, tok_s=f"{rec.new_tokens / max(time.perf_counter() - t0, 1e-9):.1f}")
             bar.update(1)
     bar.close()
+    if writer.found_from_others:
+        print(
+            f"{writer.found_from_others} generations were recorded by another job of this run and skipped",
+            file=sys.stderr,
+        )
 
-    summary = summarize(load_results(path), baseline_method=BASELINE)
+    summary = summarize(load_results([folder, *writer.legacy_files]), baseline_method=BASELINE)
     print(format_table(summary))
-    print(f"results: {path}")
+    print(f"results: {folder}")
     return summary
 
 

@@ -1,5 +1,6 @@
 """Every config composes; bad input fails early with one line naming the fix."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -79,16 +80,60 @@ def test_sweep_lists_and_plain_settings_are_not_group_names():
     [
         ("max_new_tokens=0", "max_new_tokens must be a positive"),
         ("max_new_tokens=-5", "max_new_tokens must be a positive"),
-        ("temperature=-0.5", "temperature must be >= 0"),
+        ("temperature=-0.5", "temperature must be a number >= 0"),
         ("top_p=1.5", "top_p must be in"),
         ("limit=0", "limit must be a positive"),
+        ("limit=abc", "limit must be a positive number of samples (or null for all), got 'abc'"),
+        ("offset=-1", "offset must be a whole number >= 0"),
+        ("offset=1.5", "offset must be a whole number >= 0, got 1.5"),
+        ("seed=x", "seed must be a whole number, got 'x'"),
+        ("temperature=hot", "temperature must be a number >= 0"),
+        ("top_k=many", "top_k must be a whole number >= 0"),
+        ("warmup=-2", "warmup must be a whole number"),
+        ("max_new_tokens=lots", "max_new_tokens must be a positive"),
+        ("hardware.num_threads=0", "num_threads must be a positive number of threads"),
+        ("method.pool_size=abc", "method spectra_core: pool_size must be a whole number, got 'abc'"),
+        ("method.coverage=maybe", "coverage must be true or false"),
         ("model.dtype=float64", "dtype 'float64' is not one of"),
         ("hardware.device=tpu", "hardware.device 'tpu' is not one of"),
     ],
 )
 def test_bad_values_are_rejected_before_any_work(override, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=re.escape(message)):
         validate(make_cfg(override))
+
+
+def test_method_fields_on_the_command_line():
+    """``method.<field>=`` is checked against the selected method; a field its YAML omits is passed as ``++``."""
+    assert check_overrides(["method=spectra_core", "method.pool_size=4"]) == [
+        "method=spectra_core",
+        "method.pool_size=4",
+    ]
+    with pytest.raises(UnknownNameError, match="unknown setting of method spectra_core 'pool_sise'; did you mean"):
+        check_overrides(["method.pool_sise=4"])  # the default method
+    with pytest.raises(UnknownNameError, match="unknown setting of method pld 'foo'"):
+        check_overrides(["method=pld", "method.foo=1"])
+    with pytest.raises(UnknownNameError, match="method lookahead 'max_ngram'"):
+        check_overrides(["-m", "method=pld,lookahead", "method.max_ngram=2"])  # every swept method must have it
+    with pytest.raises(UnknownNameError, match="method autoregressive"):
+        check_overrides(["experiment=smoke", "method=autoregressive", "method.k=2"])
+
+
+def test_a_method_field_the_preset_omits_is_passed_on(tmp_path, monkeypatch):
+    """A field of the method that its preset's YAML does not list: Hydra would refuse it, so it becomes ``++``."""
+    import shutil
+
+    import specbench.config
+
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF_DIR, conf)
+    (conf / "method" / "pld-short.yaml").write_text("name: pld\nnum_draft: 4\n")
+    monkeypatch.setattr(specbench.config, "CONF_DIR", conf)
+    line = check_overrides(["method=pld-short", "method.match=latest", "method.num_draft=5"])
+    assert line == ["method=pld-short", "++method.match=latest", "method.num_draft=5"]
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        cfg = compose("config", overrides=line)
+    assert cfg.method.match == "latest" and cfg.method.num_draft == 5
 
 
 def test_unknown_method_setting_suggests():
@@ -121,10 +166,16 @@ def run_cli(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
         (["method=nope"], "unknown method 'nope'"),
         (["experiment=smoke", "max_new_tokens=0"], "max_new_tokens must be a positive"),
         (["experiment=smoke", "dataset=gsm8k", "dataset.path=/nonexistent/gsm8k.jsonl"], "gsm8k"),
+        (["experiment=smoke", "limit=abc"], "limit must be a positive number of samples (or null for all)"),
+        (["experiment=smoke", "method.foo=1"], "unknown setting of method spectra_core 'foo'"),
+        (["experiment=smoke", "method.pool_size=x"], "pool_size must be a whole number, got 'x'"),
+        (["experiment=smoke", "dataset=gsm8k", "dataset.path={broken}"], "broken.jsonl line 2 is not valid JSON"),
     ],
 )
 def test_cli_errors_are_one_line(args, message, tmp_path):
-    proc = run_cli(*args, tmp_path=tmp_path)
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"question": "1+1?", "answer": "#### 2"}\n{"question": "2+2?", "answer\n')
+    proc = run_cli(*[a.format(broken=broken) for a in args], tmp_path=tmp_path)
     assert proc.returncode == 2, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and message in errors[0], proc.stderr

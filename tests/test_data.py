@@ -728,3 +728,28 @@ def test_shared_sets_three_samples_with_smollm2():
                 else:  # code completion: the raw code prompt
                     assert text.strip().startswith(d.raw_text(s, turn, answers, {}).strip()[:40])
                 answers.append(f"(answer {turn} to {s.sample_id})")
+
+
+def test_malformed_files_name_the_file_and_line(tmp_path):
+    from specbench.data.base import DatasetUnavailableError, read_records
+
+    jsonl = tmp_path / "q.jsonl"
+    jsonl.write_text('{"a": 1}\n\n{"a": 2}\n{"a": \n')
+    with pytest.raises(DatasetUnavailableError, match=r"q\.jsonl line 4 is not valid JSON .*fix or remove that line"):
+        read_records(jsonl)
+    doc = tmp_path / "q.json"
+    doc.write_text('[\n  {"a": 1},\n  {"a": 2,,}\n]\n')
+    with pytest.raises(DatasetUnavailableError, match=r"q\.json line 3 is not valid JSON"):
+        read_records(doc)
+    lines = tmp_path / "lines.txt.json"
+    lines.write_text('{"a": 1}\n{"a": 2}\n{"a" 3}\n')  # JSON Lines under another extension
+    with pytest.raises(DatasetUnavailableError, match="line 3 is not valid JSON"):
+        read_records(lines)
+    parquet = tmp_path / "q.parquet"
+    parquet.write_bytes(b"PAR1 truncated")
+    with pytest.raises(DatasetUnavailableError, match="not a readable parquet file"):
+        read_records(parquet)
+    shape = tmp_path / "odd.json"
+    shape.write_text('"just a string"')
+    with pytest.raises(DatasetUnavailableError, match="expected a list of records"):
+        read_records(shape)

@@ -13,15 +13,20 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from specbench import metrics, provenance
+from specbench.config import ConfigError
 from specbench.record import GenerationRecord
 from specbench.results import (
     ResultWriter,
+    _to_table,
+    key_hash,
     load_results,
     make_row,
     output_sha1,
+    run_dir_path,
     run_file_path,
     run_name,
 )
@@ -95,7 +100,7 @@ def test_round_trip(tmp_path, context):
     row = make_row(
         record(), context=context, sample_id="q1", turn=0, output_text="héllo", extra={"rouge1": 0.5}
     )
-    path = run_file_path(tmp_path, "unit", "job")
+    path = run_dir_path(tmp_path, "unit", "job")
     ResultWriter(path).append(row)
     assert ResultWriter(path).rows == [row]
     df = load_results(tmp_path)
@@ -108,7 +113,7 @@ def test_round_trip(tmp_path, context):
         prompt_len=12, output_ids=[5, 6, 7, 8, 9, 2], step_tokens=[1] * 6, step_times=[0.25] * 6
     )
     ar.prefill_s, ar.decode_s = 0.25, 1.25
-    ResultWriter(run_file_path(tmp_path, "unit", "baseline")).append(
+    ResultWriter(run_dir_path(tmp_path, "unit", "baseline")).append(
         make_row(ar, context={**context, "method": "autoregressive"}, sample_id="q1", turn=0, output_text="")
     )
     s = metrics.summarize(load_results(tmp_path)).set_index("method")
@@ -118,7 +123,7 @@ def test_round_trip(tmp_path, context):
 
 
 def test_resume(tmp_path, context):
-    path = tmp_path / "exp" / "job.parquet"
+    path = tmp_path / "exp" / "job"
     w = ResultWriter(path)
     for i in range(3):
         w.append(make_row(record(), context=context, sample_id=f"q{i}", turn=0, output_text=""))
@@ -131,15 +136,80 @@ def test_resume(tmp_path, context):
     assert len(load_results([path])) == 4
 
 
-def test_leftover_tmp_is_ignored(tmp_path, context):
-    path = tmp_path / "job.parquet"
+def test_leftover_tmp_is_ignored_and_left_alone(tmp_path, context):
+    path = tmp_path / "job"
     ResultWriter(path).append(make_row(record(), context=context, sample_id="q0", turn=0, output_text=""))
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path / ".pld__0123__other-writer.parquet.tmp"  # another job's write in progress, or a killed one
     tmp.write_bytes(b"PAR1 half a file")
     w = ResultWriter(path)
-    assert not tmp.exists()
+    assert tmp.exists()  # never deleted: it may belong to a job that is still running
     assert w.done_keys() == {("q0", 0, "pld")}
     assert len(load_results(tmp_path)) == 1  # the .tmp is never picked up
+
+
+def test_a_legacy_single_file_run_is_read_and_resumed(tmp_path, context):
+    """Runs that earlier versions wrote as one file beside the folder resume from it."""
+    legacy = run_file_path(tmp_path, "exp", "job")
+    legacy.parent.mkdir(parents=True)
+    pq.write_table(_to_table([make_row(record(), context=context, sample_id="q0", turn=0, output_text="")]), legacy)
+    w = ResultWriter(run_dir_path(tmp_path, "exp", "job"), legacy_file=legacy)
+    assert w.done_keys() == {("q0", 0, "pld")}
+    with pytest.raises(ValueError, match="already recorded"):
+        w.append(make_row(record(), context=context, sample_id="q0", turn=0, output_text=""))
+    w.append(make_row(record(), context=context, sample_id="q1", turn=0, output_text=""))
+    assert sorted(load_results(tmp_path).sample_id) == ["q0", "q1"]
+
+
+def test_writers_of_one_run_share_it(tmp_path, context):
+    """Two writers of one run: each sees the other's rows, a key is written once, reading keeps one row."""
+    folder = tmp_path / "exp" / "job"
+    a, b = ResultWriter(folder), ResultWriter(folder)
+    a.append(make_row(record(), context=context, sample_id="q0", turn=0, output_text="from a"))
+    assert b.recorded(("q0", 0, "pld"))["output_text"] == "from a"  # b finds a's row before generating
+    assert b.found_from_others == 1
+    with pytest.raises(ValueError, match="already recorded"):
+        b.append(make_row(record(), context=context, sample_id="q0", turn=0, output_text="from b"))
+    b.append(make_row(record(), context=context, sample_id="q1", turn=0, output_text="from b"))
+    # a race: two jobs generated q2 before either wrote it. Both rows stay on disk; reading keeps the earlier.
+    first = make_row(record(), context=context, sample_id="q2", turn=0, output_text="first")
+    second = make_row(record(), context=context, sample_id="q2", turn=0, output_text="second")
+    b.append(first)
+    late = folder / f"pld__{key_hash('q2', 0, 'pld')}__zz-late-writer.parquet"  # what a's append would write
+    pq.write_table(_to_table([second]), late)
+    df = load_results(tmp_path)
+    assert len(df) == 3 and not df.duplicated(["sample_id", "turn", "method"]).any()
+    assert df.set_index("sample_id").loc["q2", "output_text"] == "first"
+    assert ResultWriter(folder).recorded(("q2", 0, "pld"))["output_text"] == "first"
+    assert len(list(folder.glob("*.parquet"))) == 4  # nothing on disk was lost or overwritten
+
+
+def test_appending_costs_one_new_file(tmp_path, context):
+    """A row is one new file: earlier files are never rewritten, however long the run."""
+    folder = tmp_path / "job"
+    w = ResultWriter(folder)
+    for i in range(20):
+        w.append(make_row(record(), context=context, sample_id=f"q{i}", turn=0, output_text=""))
+    before = {p: p.stat().st_mtime_ns for p in folder.glob("*.parquet")}
+    w.append(make_row(record(), context=context, sample_id="last", turn=0, output_text=""))
+    after = {p: p.stat().st_mtime_ns for p in folder.glob("*.parquet")}
+    assert len(after) == 21 and all(after[p] == t for p, t in before.items())
+
+
+def test_unreadable_file_is_reported_and_the_rest_read(tmp_path, context, capsys):
+    folder = tmp_path / "exp" / "job"
+    w = ResultWriter(folder)
+    for i in range(3):
+        w.append(make_row(record(), context=context, sample_id=f"q{i}", turn=0, output_text=""))
+    victim = sorted(folder.glob("*.parquet"))[1]
+    victim.write_bytes(victim.read_bytes()[:100])  # truncated, as a killed copy or a full disk leaves it
+    df = load_results(tmp_path)
+    assert len(df) == 2 and df.attrs["unreadable"] == [str(victim)]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(victim) in err[0] and "move it aside" in err[0]
+    size = victim.stat().st_size
+    with pytest.raises(ConfigError, match="unreadable .* move it aside"):
+        ResultWriter(folder)  # the run's own file: stop before any work, never overwrite it
+    assert victim.stat().st_size == size
 
 
 CHILD = """
@@ -155,7 +225,7 @@ while True:
 
 
 def test_kill_9_loses_at_most_the_row_in_flight(tmp_path):
-    path = tmp_path / "job.parquet"
+    path = tmp_path / "job"
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
@@ -177,6 +247,7 @@ def test_kill_9_loses_at_most_the_row_in_flight(tmp_path):
         reported |= {int(x) for x in proc.stdout.read().split()}  # printed before the kill
         proc.stdout.close()
         written = {int(r["sample_id"][1:]) for r in ResultWriter(path).rows}
+        assert len(written) == len(ResultWriter(path).rows)
         assert reported <= written
         assert written - reported <= {max(reported) + 1}
         reported = written

@@ -74,24 +74,55 @@ def read_records(path: str | os.PathLike) -> list[dict]:
 
     JSON may hold a list of records, a mapping of columns (equal-length lists),
     a mapping id → record, or one of those under ``data`` / ``rows`` / ``examples``.
+    A malformed file raises :class:`DatasetUnavailableError` naming the file and line.
     """
     p = Path(path).expanduser()
     name = p.name.lower()
     if name.endswith(".parquet"):
         import pyarrow.parquet as pq
 
-        return pq.read_table(p).to_pylist()
+        try:
+            return pq.read_table(p).to_pylist()
+        except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
+            raise DatasetUnavailableError(
+                f"{p} is not a readable parquet file ({str(err).splitlines()[0][:120]}): "
+                "re-create it or point dataset.path at a good copy"
+            ) from None
     opener = gzip.open if name.endswith(".gz") else open
-    with opener(p, "rt", encoding="utf-8") as f:
-        text = f.read()
+    try:
+        with opener(p, "rt", encoding="utf-8") as f:
+            text = f.read()
+    except (UnicodeDecodeError, OSError, EOFError) as err:
+        raise DatasetUnavailableError(f"{p} cannot be read as UTF-8 text ({err}): check the file") from None
     stem = name[:-3] if name.endswith(".gz") else name
     if stem.endswith(".jsonl") or stem.endswith(".ndjson"):
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
+        return _json_lines(text, p)
     try:
         data = json.loads(text)
-    except json.JSONDecodeError:  # JSON Lines under another extension
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    except json.JSONDecodeError as err:
+        first = next((line for line in text.splitlines() if line.strip()), "")
+        try:
+            json.loads(first)
+        except json.JSONDecodeError:  # one JSON document with a syntax error
+            raise DatasetUnavailableError(
+                f"{p} line {err.lineno} is not valid JSON ({err.msg}): fix the file"
+            ) from None
+        return _json_lines(text, p)  # JSON Lines under another extension
     return _records_from_json(data, p)
+
+
+def _json_lines(text: str, p: Path) -> list[dict]:
+    records = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            raise DatasetUnavailableError(
+                f"{p} line {number} is not valid JSON ({err.msg}): fix or remove that line"
+            ) from None
+    return records
 
 
 def _records_from_json(data: Any, p: Path) -> list[dict]:
@@ -107,7 +138,9 @@ def _records_from_json(data: Any, p: Path) -> list[dict]:
             return [dict(zip(keys, row, strict=True)) for row in zip(*values, strict=True)]
         if values and all(isinstance(v, dict) for v in values):
             return values
-    raise ValueError(f"{p}: expected a list of records, a mapping of columns or of records")
+    raise DatasetUnavailableError(
+        f"{p}: expected a list of records, a mapping of columns or of records: check the file's layout"
+    )
 
 
 # ---------------------------------------------------------------- packages
@@ -327,7 +360,7 @@ class DatasetDef:
         """``path`` if a path is set, else ``package`` if installed, else ``hub`` (or what ``source`` forces)."""
         source = str(setting(cfg, "source", "auto"))
         if source not in SOURCES:
-            raise ValueError(f"dataset.source must be one of {', '.join(SOURCES)}, not '{source}'")
+            raise DatasetUnavailableError(f"dataset.source must be one of {', '.join(SOURCES)}, not '{source}'")
         if source != "auto":
             if source == "path" and not setting(cfg, "path"):
                 raise DatasetUnavailableError(
