@@ -594,7 +594,7 @@ def figure4(df: pd.DataFrame, out: Path) -> list[Path]:
     impls = [i for i in ("sdpa", "eager", "flash_attention_2") if i in set(s["attn_implementation"])]
     impls += sorted(set(s["attn_implementation"]) - set(impls))
     presets = sorted(s["preset"].unique())
-    fig, axes = plt.subplots(1, 2, figsize=(max(8, 2.2 * len(presets) + 3), 4.2))
+    fig, axes = plt.subplots(1, 2, figsize=(max(9, 2.4 * len(presets) + 4), 4.4), layout="constrained")
     width = 0.8 / max(1, len(impls))
     hatches = ["", "//", ".."]
     for ax, metric, label in zip(axes, ("speedup", "tau"),
@@ -610,6 +610,7 @@ def figure4(df: pd.DataFrame, out: Path) -> list[Path]:
                     ax.text(x, 0.02, "not run", rotation=90, ha="center", va="bottom", fontsize=7,
                             transform=ax.get_xaxis_transform())
         ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+        ax.set_xlim(-0.5, len(presets) - 0.5)
         ax.set_xticks(range(len(presets)), presets, rotation=20, ha="right")
         ax.set_xlabel("method preset")
         ax.set_ylabel(label)
