@@ -38,8 +38,9 @@ CPU_METHODS ?= anpd,lookahead-cpu,spectra_core-cpu
 CPU_DATASETS ?= humaneval,mtbench
 CPU_VARIANTS ?= core,core_no_fwd,core_no_bwd,core_no_sub,lookahead
 CPU_SUMMARIES ?= specbench/data/samples/summaries.jsonl
+CPU_EXTRA   ?=
 CPU_ARGS     = model=smollm2-135m hardware=cpu limit=$(CPU_LIMIT) max_new_tokens=$(CPU_TOKENS) \
-               results_dir=$(CPU_RESULTS) progress=false
+               results_dir=$(CPU_RESULTS) progress=false $(CPU_EXTRA)
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-17s %s\n", $$1, $$2}'

@@ -189,7 +189,7 @@ class Table:
         return "\n".join(out) + "\n"
 
     def latex(self) -> str:
-        out = [f"% {self.title}", "% " + CELL_LEGEND]
+        out = [f"% {self.title}", "% " + CELL_LEGEND, "% needs \\usepackage{booktabs}"]
         for heading, header, rows in self.sections:
             out += [
                 "\\begin{table}[t]",
