@@ -43,7 +43,7 @@ CPU_ARGS     = model=smollm2-135m hardware=cpu limit=$(CPU_LIMIT) max_new_tokens
                results_dir=$(CPU_RESULTS) progress=false $(CPU_EXTRA)
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-17s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9 -]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-17s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -111,10 +111,10 @@ figures: setup ## Figures 3, 4 and 6: their sweeps (FLASH=1 adds chain methods u
 	$(SWEEP) experiment=figure6 $(ARGS)
 	$(REPORT) figures
 
-report: setup ## every table and figure from what is in $(RESULTS) (no runs): $(REPORTS)/report.md
+report: setup ## every table and figure from what is in results/ (no runs): reports/report.md
 	$(REPORT) all
 
-reproduce-cpu: setup ## the whole pipeline on SmolLM2 on the CPU (about an hour on 2 cores): $(CPU_REPORTS)/report.md
+reproduce-cpu: setup ## the whole pipeline on SmolLM2 on the CPU (about an hour on 2 cores): reports/reproduce-cpu/
 	$(PY) run.py -m experiment=table1 $(CPU_ARGS) method=$(CPU_METHODS) dataset=$(CPU_DATASETS) temperature=0,1
 	$(PY) run.py -m experiment=table2 $(CPU_ARGS) +variant=$(CPU_VARIANTS) dataset=mtbench
 	$(PY) run.py -m experiment=table3 $(CPU_ARGS) method=lookahead-cpu,spectra_core-cpu dataset=mtbench
