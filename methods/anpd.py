@@ -120,6 +120,7 @@ class NgramTable:
 class ANPD(Drafter):
     name = "anpd"
     Config = ANPDConfig
+    tree_drafts = False  # one chain per step: plain causal attention
 
     def __init__(self, config: ANPDConfig | None = None, *, vocab_size: int, seed: int = 0, tokenizer=None):
         config = config or ANPDConfig()

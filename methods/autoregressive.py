@@ -22,3 +22,4 @@ class AutoregressiveConfig:
 class Autoregressive(Drafter):
     name = "autoregressive"
     Config = AutoregressiveConfig
+    tree_drafts = False  # one chain per step: plain causal attention

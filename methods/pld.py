@@ -125,6 +125,7 @@ class NgramIndex:
 class PromptLookup(Drafter):
     name = "pld"
     Config = PLDConfig
+    tree_drafts = False  # one chain per step: plain causal attention
 
     def __init__(self, config: PLDConfig | None = None, *, vocab_size: int, seed: int = 0, tokenizer=None):
         config = config or PLDConfig()

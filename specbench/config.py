@@ -13,7 +13,7 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("model", "method", "dataset", "hardware", "experiment")
 # Settings that choose where or how much to run, not what a result means: left out of the config hash,
 # so that a re-run with a larger limit resumes the same results file.
-BOOKKEEPING = ("results_dir", "limit", "offset", "warmup", "progress", "hydra")
+BOOKKEEPING = ("results_dir", "limit", "offset", "warmup", "progress", "hydra", "paper_dir")
 
 
 class ConfigError(ValueError):
@@ -157,6 +157,22 @@ def validate(cfg: DictConfig) -> dict[str, Any]:
         raise
     except (TypeError, ValueError) as err:
         raise ConfigError(f"method {cfg.method.name}: {err}") from None
+    _check_attention(cfg)
     get_dataset(cfg.dataset.name)
     model_config_check(cfg.model, cfg.hardware)
     return {"method": method_cfg}
+
+
+def _check_attention(cfg: DictConfig) -> None:
+    """Refuse a tree-drafting method under flash_attention_2 (it cannot take a custom 4-D mask)."""
+    from specbench.registry import get_method, method_names
+
+    if cfg.hardware.get("attn_implementation") != "flash_attention_2":
+        return
+    if get_method(cfg.method.name).tree_drafts:
+        chains = ", ".join(n for n in method_names() if not get_method(n).tree_drafts)
+        raise ConfigError(
+            f"method {cfg.method.name} drafts trees, which need a custom 4-D attention mask that "
+            f"flash_attention_2 cannot express: use hardware.attn_implementation=sdpa (or eager), "
+            f"or a chain method ({chains})"
+        )

@@ -200,6 +200,9 @@ class Drafter:
 
     name: ClassVar[str] = "base"
     Config: ClassVar[type] = object
+    # True when drafts may branch or carry auxiliary nodes: they need a custom 4-D attention mask,
+    # which flash_attention_2 cannot express. Methods that only ever propose one chain set False.
+    tree_drafts: ClassVar[bool] = True
 
     def __init__(self, config: Any = None, *, vocab_size: int, seed: int = 0, tokenizer: Any = None) -> None:
         self.config = config

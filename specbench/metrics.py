@@ -37,6 +37,7 @@ JOIN_KEYS = (
 GROUP_KEYS = (
     "model",
     "dataset",
+    "preset",
     "method",
     "method_params",
     "temperature",
@@ -44,6 +45,8 @@ GROUP_KEYS = (
     "top_k",
     "max_new_tokens",
     "device_name",
+    "device",
+    "attn_implementation",
     "dtype",
 )
 QUALITY_COLUMNS = ("rouge1", "rouge2", "rougeL", "accuracy", "pass")
@@ -116,8 +119,25 @@ def _group_stats(g: pd.DataFrame) -> dict:
     return stats
 
 
-def summarize(df: pd.DataFrame, baseline_method: str = "autoregressive") -> pd.DataFrame:
-    """One row per (model, dataset, method, method_params, sampling settings, device, dtype).
+def with_preset(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with a ``preset`` column everywhere (rows written before presets were recorded: the method)."""
+    if df.empty or "method" not in df.columns:
+        return df
+    df = df.copy()
+    if "preset" not in df.columns:
+        df["preset"] = df["method"]
+    else:
+        df["preset"] = df["preset"].where(df["preset"].notna() & (df["preset"] != ""), df["method"])
+    return df
+
+
+def summarize(df: pd.DataFrame, baseline_method: str = "autoregressive", same_job: bool = False) -> pd.DataFrame:
+    """One row per (model, dataset, preset, method, method_params, sampling settings, device, dtype).
+
+    Rows without a ``preset`` column are grouped by method. With ``same_job``
+    a method row is paired only with baseline rows of the same job (same
+    ``config_hash``: the same results file, across resumes), so that a speedup
+    never divides times measured in different runs.
 
     Columns: ``n_samples`` (rows); ``tau`` = Σ new_tokens / Σ steps;
     ``mean_accepted`` = mean over decode steps of draft tokens accepted;
@@ -133,8 +153,13 @@ def summarize(df: pd.DataFrame, baseline_method: str = "autoregressive") -> pd.D
     """
     if df.empty:
         return pd.DataFrame()
+    df = with_preset(df)
     group_keys = [k for k in GROUP_KEYS if k in df.columns]
     join_keys = [k for k in JOIN_KEYS if k in df.columns]
+    if same_job:
+        if "config_hash" not in df.columns:
+            raise ValueError("summarize(same_job=True) needs a config_hash column")
+        join_keys.append("config_hash")
     base = df[df["method"] == baseline_method]
     base = (
         base.groupby(join_keys, dropna=False, sort=False)
@@ -243,10 +268,11 @@ def format_table(summary: pd.DataFrame) -> str:
         for k in ("model", "dataset", "temperature", "device_name", "dtype")
         if k in summary.columns and summary[k].astype(str).nunique() > 1
     ]
-    variants = summary.groupby("method")["method_params"].nunique() if "method_params" in summary else None
+    summary = with_preset(summary)
+    variants = summary.groupby("preset")["method_params"].nunique() if "method_params" in summary else None
     header = [
         *keys,
-        "method",
+        "preset",
         "n",
         "speedup",
         "τ",
@@ -260,7 +286,7 @@ def format_table(summary: pd.DataFrame) -> str:
     header += quality
     lines = []
     for _, r in summary.iterrows():
-        method = str(r["method"])
+        method = str(r["preset"])
         if variants is not None and variants.get(method, 1) > 1:
             method += f" {r['method_params']}"
         cells = (

@@ -41,7 +41,9 @@ from omegaconf import DictConfig, OmegaConf
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-MODEL_KEYS = ("name", "hub_id", "path", "gguf", "tiny", "dtype", "revision", "chat", "chat_template", "params_b")
+MODEL_KEYS = ("name", "hub_id", "path", "gguf", "tiny", "dtype", "revision", "chat", "chat_template", "params_b",
+              "quantization")
+QUANTIZATIONS = ("int8",)  # bitsandbytes LLM.int8 weights (paper Table 6: Llama-2-70B on one GPU)
 DEVICES = ("cpu", "cuda", "auto")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
 
@@ -93,13 +95,29 @@ def model_config_check(model_cfg, hardware_cfg=None) -> None:
         raise ModelLoadError(f"model '{name}': params_b must be a non-negative number of billions, got {params_b!r}")
     if not isinstance(cfg.get("chat", True), bool):
         raise ModelLoadError(f"model '{name}': chat must be true or false, got {cfg.get('chat')!r}")
-    if hardware_cfg is not None:
-        _hardware(hardware_cfg)
+    hw = _hardware(hardware_cfg) if hardware_cfg is not None else None
+    _quantization_check(cfg, hw)
+
+
+def _quantization_check(cfg: dict, hw: dict | None) -> None:
+    """``quantization: int8`` needs a pretrained model, bitsandbytes and a CUDA device."""
+    quant, name = cfg.get("quantization"), cfg["name"]
+    if quant is None:
+        return
+    if quant not in QUANTIZATIONS:
+        raise ModelLoadError(f"model '{name}': quantization '{quant}' is not one of {', '.join(QUANTIZATIONS)} (or null)")
+    if cfg.get("tiny") or cfg.get("gguf"):
+        raise ModelLoadError(f"model '{name}': quantization={quant} applies to hub or local checkpoints, not tiny or GGUF models")
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise ModelLoadError(f"model.quantization={quant} needs the bitsandbytes package: pip install bitsandbytes "
+                             "(CUDA only), or set model.quantization=null")
+    if hw is not None and hw["device"] != "cuda":
+        raise ModelLoadError(f"model.quantization={quant} runs on CUDA only: use a CUDA hardware config or model.quantization=null")
 
 
 def _hardware(hardware_cfg) -> dict:
     """Normalise a hardware config: resolve the device, check the attention implementation."""
-    hw = {"device": "auto", "attn_implementation": "sdpa", "device_map": None, "num_threads": None}
+    hw = {"device": "auto", "attn_implementation": "sdpa", "device_map": None, "num_threads": None, "num_gpus": None}
     hw.update({k: v for k, v in _plain(hardware_cfg).items() if k in hw and v is not None})
     if hw["device"] not in DEVICES:
         raise ModelLoadError(f"hardware.device '{hw['device']}' is not one of {', '.join(DEVICES)}")
@@ -107,6 +125,15 @@ def _hardware(hardware_cfg) -> dict:
         hw["device"] = "cuda" if torch.cuda.is_available() else "cpu"
     elif hw["device"] == "cuda" and not torch.cuda.is_available():
         raise ModelLoadError("hardware.device=cuda but torch sees no CUDA device: use hardware.device=cpu or a CUDA build of torch")
+    if hw["num_gpus"] is not None:
+        n = hw["num_gpus"]
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ModelLoadError(f"hardware.num_gpus must be a positive number of GPUs (or null for all), got {n!r}")
+        if hw["device"] != "cuda":
+            raise ModelLoadError("hardware.num_gpus applies to hardware.device=cuda only")
+        if torch.cuda.device_count() < n:
+            raise ModelLoadError(f"hardware.num_gpus={n} but torch sees {torch.cuda.device_count()} CUDA devices: "
+                                 "request more GPUs (e.g. hydra.launcher.gpus_per_node) or lower hardware.num_gpus")
     attn = hw["attn_implementation"]
     if attn not in ATTN_IMPLEMENTATIONS:
         raise ModelLoadError(f"hardware.attn_implementation '{attn}' is not one of {', '.join(ATTN_IMPLEMENTATIONS)}")
@@ -135,7 +162,7 @@ def _memory_check(cfg: dict, hw: dict) -> None:
     if not cfg.get("params_b"):
         return
     dtype = cfg.get("dtype", "float32")
-    need = cfg["params_b"] * 1e9 * DTYPES[dtype].itemsize
+    need = cfg["params_b"] * 1e9 * (1 if cfg.get("quantization") == "int8" else DTYPES[dtype].itemsize)
     have, where = _available_bytes(hw["device"], hw["device_map"])
     if need > have:
         raise ModelLoadError(
@@ -344,6 +371,20 @@ def _weights_source(cfg: dict) -> tuple[str | Path, dict, str]:
     return converted, {}, "gguf"
 
 
+def _placement(cfg: dict, hw: dict) -> dict:
+    """from_pretrained keywords that place the weights: device_map (over ``num_gpus`` GPUs) and int8."""
+    placement: dict = {}
+    device_map = hw["device_map"]
+    if cfg.get("quantization") == "int8":
+        placement["quantization_config"] = transformers.BitsAndBytesConfig(load_in_8bit=True)
+        device_map = device_map or "auto"  # bitsandbytes places the weights itself
+    if device_map is not None:
+        placement["device_map"] = device_map
+        if hw["num_gpus"] and device_map == "auto":  # only the first num_gpus devices
+            placement["max_memory"] = {i: torch.cuda.mem_get_info(i)[0] for i in range(hw["num_gpus"])}
+    return placement
+
+
 def load_model(model_cfg, hardware_cfg=None) -> LoadedModel:
     """Load a model and its tokenizer as ``model_cfg`` describes: eval mode, on the configured device.
 
@@ -368,7 +409,7 @@ def load_model(model_cfg, hardware_cfg=None) -> LoadedModel:
     if cfg.get("chat", True) and not tokenizer.chat_template:
         raise ModelLoadError(f"model '{name}' has no chat template in its tokenizer: set model.chat=false or model.chat_template")
     if source != "tiny":
-        placement = {"device_map": hw["device_map"]} if hw["device_map"] is not None else {}
+        placement = _placement(cfg, hw)
         model = transformers.AutoModelForCausalLM.from_pretrained(
             src, dtype=DTYPES[dtype_name], attn_implementation=attn, **placement, **kw)
     if not placement:

@@ -88,8 +88,9 @@ def make_row(
 
     ``context`` holds :data:`REQUIRED_CONTEXT` (``provenance`` is the dict of
     :func:`specbench.provenance.environment_info`), and optionally
-    ``method_params`` (dict or JSON), ``dataset_version`` and ``device`` (the
-    hardware label). ``extra`` columns (ROUGE scores, ...) are merged in; they
+    ``method_params`` (dict or JSON), ``dataset_version``, ``device`` (the
+    hardware label), ``preset`` (the method's config preset, default the method)
+    and ``attn_implementation``. ``extra`` columns (ROUGE scores, ...) are merged in; they
     may not overwrite a schema column.
     """
     missing = [k for k in REQUIRED_CONTEXT if k not in context]
@@ -108,6 +109,8 @@ def make_row(
         "dtype": str(context["dtype"]),
         "model": str(context["model"]),
         "method": str(context["method"]),
+        "preset": str(context.get("preset") or context["method"]),
+        "attn_implementation": str(context.get("attn_implementation", "")),
         "method_params": _json(context.get("method_params")),
         "dataset": str(context["dataset"]),
         "dataset_version": str(context.get("dataset_version", "")),

@@ -55,7 +55,11 @@ def _hash_config(cfg: DictConfig) -> str:
 
 
 def run(cfg: DictConfig) -> Any:
-    """Run one job; return the summary DataFrame of everything in its results file."""
+    """Run one job; return the summary DataFrame of everything in its results file.
+
+    ``summary.attrs`` says where the file is (``results``) and how many
+    generations this call added (``new_generations``; 0 when all were recorded).
+    """
     checked = validate(cfg)
     get_method(cfg.method.name).preflight(checked["method"], cfg)
     ddef = datasets_.get_dataset(cfg.dataset.name)
@@ -110,13 +114,15 @@ def run(cfg: DictConfig) -> Any:
         )
         for name in methods
     }
+    seen = environment_info(loaded.device)
+    _warn_device_mismatch(cfg.hardware, seen["device_name"])
     done = writer.done_keys()
 
     context = {
         "run_id": uuid.uuid4().hex[:12],
         "experiment": cfg.experiment_name,
         "config_hash": chash,
-        "provenance": environment_info(loaded.device),
+        "provenance": seen,
         "model": loaded.name,
         "dataset": ddef.name,
         "dataset_version": ddef.version,
@@ -127,7 +133,9 @@ def run(cfg: DictConfig) -> Any:
         "seed": cfg.seed,
         "max_new_tokens": max_new,
         "device": cfg.hardware.label,
+        "attn_implementation": cfg.hardware.get("attn_implementation", ""),
     }
+    presets = {name: preset_name(cfg) if name == method else name for name in methods}
     params_json = {
         name: dataclasses.asdict(d.config) if dataclasses.is_dataclass(d.config) else {}
         for name, d in drafters.items()
@@ -194,7 +202,7 @@ def run(cfg: DictConfig) -> Any:
             scores = ddef.score(sample, text, turn, cfg.dataset)
             row = make_row(
                 rec,
-                context={**context, "method": name, "method_params": params_json[name]},
+                context={**context, "method": name, "preset": presets[name], "method_params": params_json[name]},
                 sample_id=sample.sample_id,
                 turn=turn,
                 output_text=text,
@@ -218,7 +226,39 @@ def run(cfg: DictConfig) -> Any:
     summary = summarize(load_results([folder, *writer.legacy_files]), baseline_method=BASELINE)
     print(format_table(summary))
     print(f"results: {folder}")
+    summary.attrs.update(results=str(folder), new_generations=n_gen - n_done, generations=n_gen)
     return summary
+
+
+def preset_name(cfg: DictConfig) -> str:
+    """The method preset a job runs (``lookahead-cpu``): Hydra's choice of the method group.
+
+    Two presets of one method (two budgets) must never merge in a table, so rows
+    carry this beside the method name. Outside Hydra (a composed config) it is
+    the method name.
+    """
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        choice = HydraConfig.get().runtime.choices.get("method")
+    except (ImportError, ValueError):
+        choice = None
+    return str(choice or cfg.method.name)
+
+
+def _warn_device_mismatch(hardware: DictConfig, device_name: str) -> None:
+    """Warn when the device seen does not match the hardware label's ``expect_device``."""
+    expect = hardware.get("expect_device")
+
+    def norm(text: str) -> str:
+        return "".join(ch for ch in str(text).lower() if ch.isalnum())
+
+    if expect and norm(expect) not in norm(device_name):
+        print(
+            f"warning: hardware label '{hardware.label}' expects a {expect} but the device seen is "
+            f"'{device_name}'; rows are filed under the label and record the device seen (device_name)",
+            file=sys.stderr,
+        )
 
 
 def _check_length(ids: list[int], context_length: int, sample_id: str) -> None:

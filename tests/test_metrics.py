@@ -191,8 +191,34 @@ def test_format_table(df):
     text = metrics.format_table(metrics.summarize(df))
     lines = text.splitlines()
     assert len(lines) == 4
-    assert "method" in lines[0] and "τ" in lines[0] and "Mac-TP" in lines[0] and "rouge1" in lines[0]
+    assert "preset" in lines[0] and "τ" in lines[0] and "Mac-TP" in lines[0] and "rouge1" in lines[0]
     pld = next(ln for ln in lines if "pld" in ln)
     assert "2.00×" in pld and "50%" in pld and "1.88" in pld and "7.00" in pld
     assert len({len(ln) for ln in lines}) == 1  # fixed width
     assert metrics.format_table(pd.DataFrame()) == "(no results)"
+
+
+def test_presets_of_one_method_never_merge(df):
+    """Two budgets of one method (presets) are two summary rows, labelled by preset."""
+    pld = df[df["method"] == "pld"]
+    other = pld.assign(preset="pld-cpu", wall_s=pld["wall_s"] * 2)
+    both = pd.concat([df.assign(preset=df["method"]), other], ignore_index=True)
+    s = metrics.summarize(both)
+    assert sorted(s["preset"]) == ["autoregressive", "pld", "pld-cpu"]
+    assert s.set_index("preset").loc["pld-cpu", "speedup"] == pytest.approx(2.0 / 2)
+    table = metrics.format_table(s)
+    assert "pld-cpu" in table and len(table.splitlines()) == 5
+
+
+def test_rows_without_preset_are_grouped_by_method(df):
+    s = metrics.summarize(df)
+    assert list(s["preset"]) == list(s["method"])
+
+
+def test_same_job_pairs_only_with_the_baseline_of_the_same_job(df):
+    # The baseline of sample b was measured in another job: with same_job it is not a partner.
+    df = df.assign(config_hash="job1")
+    df.loc[(df["method"] == "autoregressive") & (df["sample_id"] == "b"), "config_hash"] = "job2"
+    pld = metrics.summarize(df, same_job=True).set_index("method").loc["pld"]
+    assert pld["n_paired"] == 1 and pld["speedup"] == pytest.approx(2.0 / 1.0)
+    assert metrics.summarize(df).set_index("method").loc["pld", "n_paired"] == 2
