@@ -120,7 +120,7 @@ reproduce-cpu: setup ## the whole pipeline on SmolLM2 on the CPU (about an hour 
 	$(PY) run.py -m experiment=table3 $(CPU_ARGS) method=lookahead-cpu,spectra_core-cpu dataset=mtbench
 	$(PY) run.py -m experiment=table6 $(CPU_ARGS) method=spectra_core-cpu +placement=cpu
 	$(PY) run.py -m experiment=table7 $(CPU_ARGS) method=spectra_core-cpu dataset=cnn_dailymail,xsum \
-	  dataset.path=$(CPU_SUMMARIES) dataset.prompt_style=plain
+	  dataset.path=$(CPU_SUMMARIES)
 	$(PY) run.py -m experiment=figure3 $(CPU_ARGS) method=$(CPU_METHODS),pld dataset=mtbench
 	$(PY) run.py -m experiment=figure4 $(CPU_ARGS) method=pld,spectra_core-cpu
 	$(PY) run.py -m experiment=figure6 $(CPU_ARGS) method=$(CPU_METHODS),pld

@@ -268,6 +268,18 @@ def _paper_lookup(paper: pd.DataFrame | None, keys: Sequence[str]) -> dict:
     return {tuple(r[k] for k in keys): r for _, r in p.iterrows()}
 
 
+def _placeholder(pname: str) -> pd.DataFrame:
+    """A group with no rows of ours for a paper method we did not run (every cell of ours missing)."""
+    method = next((m for m, n in METHOD_NAMES.items() if n == pname), pname)
+    metrics_ = ("speedup", "tau", "mac_tp", "mic_tp")
+    return pd.DataFrame({"method": [method], "dataset": [None], "device_name": [MISSING],
+                         **{m: [math.nan] for m in metrics_}})
+
+
+def _not_run(label: str) -> str:
+    return f"{MISSING} ({label} not run)"
+
+
 def table1(df: pd.DataFrame, paper: dict, compare: dict[str, str] | None = None) -> Table:
     """Speedup and τ per temperature × model × preset × dataset, with the paper's Table 1 and its average."""
     compare = compare or {}
@@ -289,8 +301,7 @@ def table1(df: pd.DataFrame, paper: dict, compare: dict[str, str] | None = None)
             code = _model_code(model, compare)
             ran = {METHOD_NAMES.get(m) for m in mine[mine["model"] == model]["method"]}
             for pname in sorted({k[2] for k in look if k[0] == temp and k[1] == code} - ran):
-                method = next((m for m, n in METHOD_NAMES.items() if n == pname), pname)
-                groups.append((model, f"{MISSING} ({pname} not run)", pd.DataFrame({"method": [method]})))
+                groups.append((model, _not_run(pname), _placeholder(pname)))
         for model, preset, g in groups:
             code, method = _model_code(model, compare), g["method"].iloc[0]
             pname = METHOD_NAMES.get(method)
@@ -392,8 +403,14 @@ def table3(df: pd.DataFrame, paper: dict, compare: dict[str, str] | None = None)
     t1 = _paper_lookup(paper.get("table1"), ("temperature", "model", "method", "dataset"))
     records, rows = [], []
     ours_rows = s[s["method"] != BASELINE] if not s.empty else s
-    for (device, model, preset), g in (ours_rows.groupby(["device", "model", "preset"], sort=True)
-                                       if not ours_rows.empty else []):
+    groups = [(d, m, p, g) for (d, m, p), g in (ours_rows.groupby(["device", "model", "preset"], sort=True)
+                                                 if not ours_rows.empty else [])]
+    for device, model in sorted({(d, m) for d, m, _, _ in groups}):
+        code, gpu = _model_code(model, compare), str(device).split("-")[0].upper()
+        ran = {METHOD_NAMES.get(g["method"].iloc[0]) for d, m, _, g in groups if (d, m) == (device, model)}
+        for pname in sorted({k[2] for k in look if k[0] == code and k[1] == gpu} - ran):
+            groups.append((device, model, _not_run(pname), _placeholder(pname)))
+    for device, model, preset, g in groups:
         code, pname = _model_code(model, compare), METHOD_NAMES.get(g["method"].iloc[0])
         gpu = str(device).split("-")[0].upper()
         line = [str(device), ", ".join(sorted(set(g["device_name"].astype(str)))), _model_label(model, compare),
@@ -423,10 +440,19 @@ def _throughput(df: pd.DataFrame, paper: dict, compare: dict[str, str] | None, m
     s = our_summary(df)
     look = _paper_lookup(paper.get("table4"), ("temperature", "model", "method", "dataset"))
     records, sections = [], []
-    for temp in sorted(set(s["temperature"].astype(float))) if not s.empty else []:
+    models = sorted(set(s["model"])) if not s.empty else []
+    codes = {_model_code(m, compare) for m in models}
+    temps = sorted(set(s["temperature"].astype(float)) | {k[0] for k in look if k[1] in codes}) if models else []
+    for temp in temps:
         rows = []
         mine = s[s["temperature"].astype(float) == temp]
-        for (model, preset), g in mine.groupby(["model", "preset"], sort=True):
+        groups = [(m, p, g) for (m, p), g in mine.groupby(["model", "preset"], sort=True)]
+        for model in models:
+            code = _model_code(model, compare)
+            ran = {METHOD_NAMES.get(m) for m in mine[mine["model"] == model]["method"]}
+            for pname in sorted({k[2] for k in look if k[0] == temp and k[1] == code} - ran):
+                groups.append((model, _not_run(pname), _placeholder(pname)))
+        for model, preset, g in groups:
             code, pname = _model_code(model, compare), METHOD_NAMES.get(g["method"].iloc[0])
             line = [_model_label(model, compare), preset]
             for ds in TABLE1_DATASETS:
@@ -459,7 +485,14 @@ def table6(df: pd.DataFrame, paper: dict, compare: dict[str, str] | None = None)
     look = _paper_lookup(paper.get("table6"), ("model", "setting", "method"))
     metrics_ = ("mac_tp", "mic_tp", "speedup", "tau")
     records, rows = [], []
-    for (device, model, preset), g in (s.groupby(["device", "model", "preset"], sort=True) if not s.empty else []):
+    groups = [(d, m, p, g) for (d, m, p), g in (s.groupby(["device", "model", "preset"], sort=True)
+                                                 if not s.empty else [])]
+    for model in sorted({m for _, m, _, _ in groups}):
+        code = _model_code(model, compare)
+        ran = {(d, METHOD_NAMES.get(g["method"].iloc[0])) for d, m, _, g in groups if m == model}
+        for setting, pname in sorted({(k[1], k[2]) for k in look if k[0] == code} - ran):
+            groups.append((setting, model, _not_run(pname), _placeholder(pname)))
+    for device, model, preset, g in groups:
         code, pname = _model_code(model, compare), METHOD_NAMES.get(g["method"].iloc[0])
         g = g[g["dataset"] == "mtbench"]
         p = look.get((code, str(device), pname))
@@ -484,10 +517,18 @@ def table7(df: pd.DataFrame, paper: dict, compare: dict[str, str] | None = None)
     look = _paper_lookup(paper.get("table7"), ("model", "dataset", "method"))
     metrics_ = ("rouge1", "rouge2", "rougeL", "speedup", "tau")
     records, rows = [], []
-    for (ds, model, preset), g in (s.groupby(["dataset", "model", "preset"], sort=True) if not s.empty else []):
+    groups = [(d, m, p, g) for (d, m, p), g in (s.groupby(["dataset", "model", "preset"], sort=True)
+                                                 if not s.empty else [])]
+    for model in sorted({m for _, m, _, _ in groups}):
+        code = _model_code(model, compare)
+        ran = {(d, METHOD_NAMES.get(g["method"].iloc[0])) for d, m, _, g in groups if m == model}
+        for ds, pname in sorted({(k[1], k[2]) for k in look if k[0] == code} - ran):
+            groups.append((ds, model, _not_run(pname), _placeholder(pname).assign(temperature=math.nan)))
+    for ds, model, preset, g in sorted(groups, key=lambda x: (x[0], x[1])):
         code, pname = _model_code(model, compare), METHOD_NAMES.get(g["method"].iloc[0])
         p = look.get((code, ds, pname))
-        line = [ds, _model_label(model, compare), preset, ", ".join(f"{t:g}" for t in sorted(set(g["temperature"])))]
+        temps = sorted(t for t in set(g["temperature"]) if not _missing(t))
+        line = [ds, _model_label(model, compare), preset, ", ".join(f"{t:g}" for t in temps) or MISSING]
         for metric in metrics_:
             ours = float(g[metric].mean()) if metric in g.columns else math.nan
             pv = p[metric] if p is not None else math.nan
@@ -658,7 +699,8 @@ def figure6(df: pd.DataFrame, out: Path) -> list[Path]:
     if cum.empty:
         return _save(_empty_figure(title, "no results"), out, "figure6")
     datasets = sorted(cum["dataset"].unique())
-    fig, axes = plt.subplots(1, len(datasets), figsize=(5.5 * len(datasets), 4.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(datasets), figsize=(max(6.5, 5.5 * len(datasets)), 4.6), squeeze=False,
+                             layout="constrained")
     for ax, ds in zip(axes[0], datasets, strict=True):
         sub = cum[cum["dataset"] == ds]
         for i, preset in enumerate(sorted(sub["preset"].unique())):

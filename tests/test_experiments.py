@@ -226,3 +226,11 @@ def test_int8_on_the_command_line_is_one_line(tmp_path):
                   f"hydra.run.dir={tmp_path}/h", timeout=300)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
     assert "model.quantization=int8" in out.stderr
+
+
+def test_the_same_sweep_goes_to_slurm_with_the_outcome_report():
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=["experiment=table1", "hydra/launcher=slurm"], return_hydra_config=True)
+    assert cfg.hydra.launcher._target_.endswith("SlurmLauncher")
+    assert cfg.hydra.sweeper.params.method == "anpd,lookahead,rest,spectra"
+    assert cfg.hydra.callbacks.sweep_report._target_ == "specbench.sweep.SweepReport"
