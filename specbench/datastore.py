@@ -160,16 +160,16 @@ class Datastore:
         if len(positions) > max_occurrences:
             picks = (np.arange(max_occurrences) * len(positions)) // max_occurrences
             positions = [positions[int(i)] for i in picks]
-        out: list[tuple[int, ...]] = []
         toks, sep = self.tokens, self.separator
-        for p in positions:
-            seg = toks[p + n : p + n + max_continuation]
-            cut = np.flatnonzero(seg == sep)
-            if cut.size:
-                seg = seg[: int(cut[0])]
-            if seg.size:
-                out.append(tuple(seg.tolist()))
-        return out
+        starts = np.asarray(positions, dtype=np.int64) + n
+        idx = starts[:, None] + np.arange(max_continuation)
+        inside = idx < len(toks)
+        block = np.where(inside, toks[np.minimum(idx, len(toks) - 1)], sep)
+        # length of each continuation: up to its first separator (or the end of the corpus)
+        is_sep = block == sep
+        lengths = np.where(is_sep.any(axis=1), is_sep.argmax(axis=1), max_continuation)
+        rows = block.tolist()
+        return [tuple(row[:k]) for row, k in zip(rows, lengths.tolist(), strict=True) if k]
 
     def search(self, context: Sequence[int], *, max_suffix: int = 16, min_suffix: int = 2,
                max_occurrences: int, max_continuation: int = 10) -> list[tuple[int, ...]]:
