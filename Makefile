@@ -16,7 +16,7 @@ PYTEST      := $(PY) -m pytest -p no:cacheprovider
 
 .DEFAULT_GOAL := help
 .PHONY: help setup demo smoke smoke-experiments test test-slow test-all lint bench clean \
-        table1 table2 table3 table4 table5 table6 table7 figures report reproduce-cpu
+        datastore datastore-refine table1 table2 table3 table4 table5 table6 table7 figures report reproduce-cpu
 
 # Paper reproduction. Sweeps write <RESULTS>/<experiment>/; reports go to <REPORTS>/ (Markdown, LaTeX,
 # CSV, PNG, PDF). ARGS adds overrides to every sweep, e.g. ARGS="model=llama2-7b hydra/launcher=slurm".
@@ -41,6 +41,15 @@ CPU_SUMMARIES ?= specbench/data/samples/summaries.jsonl
 CPU_EXTRA   ?=
 CPU_ARGS     = model=smollm2-135m hardware=cpu limit=$(CPU_LIMIT) max_new_tokens=$(CPU_TOKENS) \
                results_dir=$(CPU_RESULTS) progress=false $(CPU_EXTRA)
+
+# Retrieval datastores (rest, spectra_retrieval): `make datastore` builds the default model's store of the
+# Python standard library offline; SOURCE=chat builds one of the model's own answers to MT-Bench questions 41-80.
+MODEL       ?= smollm2-135m
+SOURCE      ?= stdlib
+STORE       ?= stdlib
+KEEP        ?= 0.5
+SAMPLE      ?= 2000
+DATASTORE_ARGS ?=
 
 help: ## list the targets
 	@grep -E '^[a-z0-9 -]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-17s %s\n", $$1, $$2}'
@@ -126,6 +135,12 @@ reproduce-cpu: setup ## the whole pipeline on SmolLM2 on the CPU (about an hour 
 	$(PY) run.py -m experiment=figure6 $(CPU_ARGS) method=$(CPU_METHODS),pld
 	$(PY) -m specbench.report --results $(CPU_RESULTS) --out $(CPU_REPORTS) --compare-model smollm2-135m=L2-7B \
 	  $(if $(PAPER_DIR),--paper-dir $(PAPER_DIR)) all
+
+datastore: setup ## build a retrieval store: MODEL=<model> SOURCE=stdlib|chat|dir:DIR|file:FILE|ultrachat|the-stack-python|generate:DATASET
+	$(PY) -m specbench.datastore build --model $(MODEL) --source $(SOURCE) $(DATASTORE_ARGS)
+
+datastore-refine: setup ## perplexity-refined copy of a store (SPECTRA-RETRIEVAL): MODEL=<model> STORE=<name> KEEP=0.5 SAMPLE=2000
+	$(PY) -m specbench.datastore refine --model $(MODEL) --store $(STORE) --keep $(KEEP) $(if $(SAMPLE),--sample $(SAMPLE)) $(DATASTORE_ARGS)
 
 clean: ## remove caches and Hydra output folders (keeps results/, reports/ and .venv)
 	rm -rf outputs multirun .pytest_cache .ruff_cache
