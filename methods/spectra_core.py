@@ -43,37 +43,16 @@ remaining token budget: the core truncates at ``max_new_tokens``.
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 
-from specbench.draft import SOURCE_BWD, SOURCE_FWD, DecodeState, Draft, Drafter, VerifyResult
-from specbench.ngram_dicts import CandidatePool, NgramDicts
+from specbench.draft import DecodeState, Draft, Drafter, VerifyResult
 from specbench.registry import register_method
+from specbench.spectra_engine import CoreSettings, SpectraCoreEngine
 
 
 @dataclass
-class SpectraCoreConfig:
-    ngram_size: int = 5  # N: pool sequences and dictionary n-grams
-    pool_size: int = 15  # W: candidate-pool sequences
-    max_guesses: int = 15  # G: guesses per step (also the cap of each S_fwd list)
-    coverage_threshold: float = 0.1  # τ of the coverage rule
-    coverage: bool = True  # False: pool tokens are the plain argmax
-    use_forward_dict: bool = True
-    use_backward_dict: bool = True
-    sub_ngrams: bool = True
-    context_ngrams: bool = False  # also learn n-grams of the prompt and committed output
-
-    def validate(self) -> None:
-        if self.ngram_size < 2:
-            raise ValueError(f"spectra_core: ngram_size must be >= 2, got {self.ngram_size}")
-        if self.pool_size < 1:
-            raise ValueError(f"spectra_core: pool_size must be >= 1, got {self.pool_size}")
-        if self.max_guesses < 1:
-            raise ValueError(f"spectra_core: max_guesses must be >= 1, got {self.max_guesses}")
-        if not 0.0 <= self.coverage_threshold <= 1.0:
-            raise ValueError(
-                f"spectra_core: coverage_threshold must be in [0, 1], got {self.coverage_threshold}"
-            )
+class SpectraCoreConfig(CoreSettings):
+    """The engine's settings (:class:`specbench.spectra_engine.CoreSettings`), nothing more."""
 
 
 @register_method
@@ -85,68 +64,19 @@ class SpectraCore(Drafter):
         config = config or SpectraCoreConfig()
         config.validate()
         super().__init__(config, vocab_size=vocab_size, seed=seed, tokenizer=tokenizer)
-        c = config
-        self.dicts = NgramDicts(c.ngram_size, c.max_guesses, c.sub_ngrams)
-        self.pool = CandidatePool(c.pool_size, c.ngram_size)
-        self.rng = random.Random(seed)
-        self._learned = 0  # context tokens already inserted as window ends (context_ngrams)
+        self.engine = SpectraCoreEngine(config, seed)
+        self.dicts, self.pool = self.engine.dicts, self.engine.pool
 
     def start(self, prompt_ids: list[int]) -> None:
-        self.dicts.clear()
-        self.rng = random.Random(self.seed)
-        self.pool.reset(prompt_ids, self.rng)
-        self._learned = 0
-        if self.config.context_ngrams:
-            self._learn_context(prompt_ids)
-            self._sync_keys()
-
-    def _learn_context(self, tokens: list[int]) -> None:
-        n = self.config.ngram_size
-        for end in range(max(self._learned, n - 1), len(tokens)):  # full windows of n tokens
-            self.dicts.add(tokens[end - n + 1 : end + 1])
-        self._learned = len(tokens)
+        self.engine.start(prompt_ids)
 
     def guesses(self, tokens: list[int]) -> tuple[list[list[int]], list[str]]:
         """The step's guess sequences and their sources, in priority order, at most G."""
-        c = self.config
-        seqs: list[list[int]] = []
-        sources: list[str] = []
-        bwd: list[int] = []
-        if c.use_backward_dict:
-            bwd = self.dicts.backward_guess(tokens, c.ngram_size)
-            if bwd:
-                seqs.append(bwd)
-                sources.append(SOURCE_BWD)
-        if c.use_forward_dict:
-            for cont in self.dicts.forward_guesses(tokens[-1]):
-                if len(seqs) >= c.max_guesses:
-                    break
-                if list(cont) != bwd:
-                    seqs.append(list(cont))
-                    sources.append(SOURCE_FWD)
-        return seqs, sources
+        return self.engine.guesses(tokens)
 
     def propose(self, state: DecodeState) -> Draft:
-        if self.config.context_ngrams:
-            self._learn_context(state.tokens)
-            self._sync_keys()
-        draft = Draft.from_sequences(*self.guesses(state.tokens))
-        draft.aux_tokens = self.pool.aux_tokens()
-        draft.aux_positions = self.pool.positions
-        draft.aux_visible = self.pool.visible
-        draft.aux_logit_rows = self.pool.logit_rows  # the output layer only on each sequence's last token
-        return draft
+        self.engine.learn_context(state.tokens)
+        return self.engine.attach_pool(Draft.from_sequences(*self.engine.guesses(state.tokens)))
 
     def update(self, result: VerifyResult) -> None:
-        if result.aux_logits is None:
-            return
-        c = self.config
-        draws = [self.rng.random() for _ in range(c.pool_size)] if c.coverage else None
-        for seq in self.pool.advance(result.aux_logits[-c.pool_size :], draws, c.coverage_threshold):
-            self.dicts.add(seq)
-        self._sync_keys()
-
-    def _sync_keys(self) -> None:
-        """The coverage rule avoids the keys of S_fwd: pass on the ones added since last time."""
-        self.pool.exclude(self.dicts.new_keys)
-        self.dicts.new_keys.clear()
+        self.engine.update(result.aux_logits)
