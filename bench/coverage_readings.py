@@ -53,10 +53,10 @@ def drafter(budget: str, variant: str, vocab: int) -> Drafter:
     return get_method(method)(settings, vocab_size=vocab, seed=0)
 
 
-def run(loaded, prompts, budgets, variants, max_new):
+def run(loaded, prompts, budgets, variants, max_new, baseline=True):
     """{(budget, variant) or 'autoregressive': [tokens, steps, seconds, same-as-AR count, n]}."""
     target, eos = Target(loaded.model), loaded.eos_token_ids
-    drafters = {"autoregressive": Drafter(vocab_size=loaded.vocab_size)}
+    drafters = {"autoregressive": Drafter(vocab_size=loaded.vocab_size)} if baseline else {}
     for b in budgets:
         for v in variants:
             drafters[(b, v)] = drafter(b, v, loaded.vocab_size)
@@ -70,7 +70,7 @@ def run(loaded, prompts, budgets, variants, max_new):
             start = time.perf_counter()
             rec = generate(target, drafters[name], ids, max_new_tokens=max_new, eos_token_ids=eos)
             outs[name] = (rec, time.perf_counter() - start)
-        ref = outs["autoregressive"][0].output_ids
+        ref = outs["autoregressive"][0].output_ids if baseline else None
         for name, (rec, seconds) in outs.items():
             t = tally[name]
             t[0] += rec.new_tokens
@@ -90,8 +90,10 @@ def main() -> None:
     ap.add_argument("--budgets", nargs="+", default=list(BUDGETS), choices=list(BUDGETS))
     ap.add_argument("--readings", nargs="+", default=VARIANTS, choices=VARIANTS)
     ap.add_argument("--prompts", type=int, default=3)
+    ap.add_argument("--offset", type=int, default=0, help="skip this many samples of each dataset")
     ap.add_argument("--max-new-tokens", type=int, default=160)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--no-baseline", action="store_true", help="τ only: no autoregressive runs, no speedup")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -103,7 +105,7 @@ def main() -> None:
         f"machine: {environment_info('cpu')['device_name']}; model {args.model}; {args.prompts} prompts per "
         f"dataset, up to {args.max_new_tokens} new tokens, greedy, τ = new tokens / steps (prefill counts)"
     )
-    print(f"{'dtype':9} {'dataset':10} {'budget':6} {'reading':14} {'τ':>5} {'speedup':>7}  same as AR")
+    print(f"{'dtype':9} {'dataset':10} {'budget':6} {'reading':14} {'τ':>5} {'speedup':>7}  same as AR  tokens/steps")
     for dtype in args.dtypes:
         loaded = load_model(OmegaConf.merge(model_cfg, {"dtype": dtype}), hardware_cfg)
         for name in args.datasets:
@@ -116,15 +118,17 @@ def main() -> None:
             except DatasetUnavailableError as err:
                 print(f"(skipping {name}: {err})")
                 continue
-            samples = select(ddef.load(ds_cfg), limit=args.prompts, offset=0, shuffle=False, seed=0)
+            samples = select(ddef.load(ds_cfg), limit=args.prompts, offset=args.offset, shuffle=False, seed=0)
             chat = bool(model_cfg.get("chat", True))
             prompts = [ddef.build_prompt(loaded.tokenizer, s, 0, [], ds_cfg, chat) for s in samples]
-            tally = run(loaded, prompts, args.budgets, args.readings, args.max_new_tokens)
-            base = tally.pop("autoregressive")
+            tally = run(loaded, prompts, args.budgets, args.readings, args.max_new_tokens, not args.no_baseline)
+            base = tally.pop("autoregressive", None)
             for (budget, variant), (tokens, steps, seconds, same, n) in tally.items():
-                speedup = (base[2] / base[0]) / (seconds / tokens)
+                speedup = f"{(base[2] / base[0]) / (seconds / tokens):6.2f}x" if base else "      -"
+                match = f"{same}/{n}" if base else "-"
                 print(
-                    f"{dtype:9} {name:10} {budget:6} {variant:14} {tokens / steps:5.2f} {speedup:6.2f}x  {same}/{n}",
+                    f"{dtype:9} {name:10} {budget:6} {variant:14} {tokens / steps:5.2f} {speedup}  {match:10}  "
+                    f"{tokens}/{steps}",
                     flush=True,
                 )
 

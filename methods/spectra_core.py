@@ -17,16 +17,31 @@ same forward as the guesses. Each step:
    come back in ``aux_logits``.
 3. Each pool sequence gets its next token by the coverage rule: r ~ U(0,1)
    from the drafter's own ``random.Random(seed)`` (reseeded at every
-   :meth:`start`); when ``r < coverage_threshold`` (τ) the most probable token
-   that is not yet a key of S_fwd (over the whole vocabulary; the argmax if
-   every token is a key), else the argmax. **Reading**: τ is the probability
-   of the coverage branch (ε-greedy exploration), so the paper's τ = 0.1
-   explores 10% of the time. The paper's garbled text, taken literally
-   ("r > τ"), explores 90% of the time: that is ``coverage_threshold: 0.9``
-   here. On SmolLM2 (bf16, 2 MT-Bench prompts, 200 tokens) the literal
-   reading cut τ (tokens per step) from 2.19 to 1.18 at the paper budget and
-   from 1.82 to 1.15 at W=5, N=4, G=5; ``coverage: false`` (plain argmax) gave
-   2.33 and 1.92. The rule reads the keys S_fwd had before this step's updates.
+   :meth:`start`); on the exploring branch the most probable token not yet
+   "present in S_fwd", else the argmax. ``coverage_reading`` says how the
+   paper's rule is read (τ = ``coverage_threshold`` in all three):
+
+   * ``epsilon``: explore when r < τ; present = a key of S_fwd (ε-greedy:
+     the paper's τ = 0.1 explores 10% of the time);
+   * ``literal_key``: explore when r > τ, the paper's stated direction (90%
+     of the time); present = a key of S_fwd;
+   * ``literal_ngram`` (the presets): explore when r > τ; present = the
+     n-gram the token would complete (the pool sequence + the token) is
+     already stored under its first token in S_fwd. Only a sequence whose
+     argmax completes an n-gram S_fwd already holds takes its next best.
+
+   **Choice.** The paper states r > τ three times, and its τ (tokens per
+   step) ≈ 4 on Llama-2-7B says the rule cannot be costing much acceptance.
+   ``literal_key`` replaces the argmax by a token that has never started an
+   S_fwd entry in 90% of the rows: the pool stops following the model and
+   τ drops (table below). ``literal_ngram`` keeps r > τ and costs nothing
+   where the model's top continuation is new; it diversifies exactly where
+   the argmax would only re-insert an n-gram already stored, which is the
+   reading of "coverage" that is consistent with both. The rule reads S_fwd
+   as it was before this step's updates.
+
+TAU_TABLE
+
 4. Every completed sequence c_0..c_{N-1} updates both dictionaries (with or
    without sub-n-grams), then every sequence shifts left by one.
 
