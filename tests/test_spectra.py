@@ -293,11 +293,11 @@ def test_smollm2_greedy_lossless(smollm2, tmp_path):
     target, tok = Target(smollm2.model), smollm2.tokenizer
     prompts = [chat(smollm2, t) for t in SMOL_TEXTS]
     # the store: the model's answer to the first prompt, and some Python (not the second prompt's answer)
-    docs = [prompts[0] + autoregressive_output(target, prompts[0], 48), tok.encode("def f(x):\n    return [x * x]\n")]
+    docs = [prompts[0] + autoregressive_output(target, prompts[0], 40), tok.encode("def f(x):\n    return [x * x]\n")]
     path = store(tmp_path / "s", docs, tokenizer_identity(tok, "smollm2-135m"))
     eos = [tok.eos_token_id]
     for method in ("spectra", "lookahead_rest"):
-        recs = assert_greedy_lossless(target, makers(smollm2, path)[method], prompts, 64, eos)
+        recs = assert_greedy_lossless(target, makers(smollm2, path)[method], prompts, 40, eos)
         assert recs[0].accepted_by_source[SOURCE_RETRIEVAL] > 0
 
 
