@@ -15,7 +15,15 @@ STAMP       := $(VENV)/.specbench-installed
 PYTEST      := $(PY) -m pytest -p no:cacheprovider
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo smoke test test-slow test-all lint bench clean
+.PHONY: help setup demo smoke test test-slow test-all lint bench clean datastore datastore-refine
+# Retrieval datastores (rest, spectra_retrieval): `make datastore` builds the default model's store of the
+# Python standard library offline; SOURCE=chat builds one of the model's own answers to MT-Bench questions 41-80.
+MODEL       ?= smollm2-135m
+SOURCE      ?= stdlib
+STORE       ?= stdlib
+KEEP        ?= 0.5
+SAMPLE      ?= 2000
+DATASTORE_ARGS ?=
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-11s %s\n", $$1, $$2}'
@@ -50,6 +58,12 @@ lint: setup ## ruff
 bench: setup ## side-by-side speed benchmarks (bench/README.md); DATA_DIR=<dir with gsm8k_test.jsonl> adds GSM8K
 	$(PY) bench/baseline.py
 	$(PY) bench/compare.py $(if $(DATA_DIR),--data gsm8k=$(DATA_DIR)/gsm8k_test.jsonl)
+
+datastore: setup ## build a retrieval store: MODEL=<model> SOURCE=stdlib|chat|dir:DIR|file:FILE|ultrachat|the-stack-python|generate:DATASET
+	$(PY) -m specbench.datastore build --model $(MODEL) --source $(SOURCE) $(DATASTORE_ARGS)
+
+datastore-refine: setup ## perplexity-refined copy of a store (SPECTRA-RETRIEVAL): MODEL=<model> STORE=<name> KEEP=0.5 SAMPLE=2000
+	$(PY) -m specbench.datastore refine --model $(MODEL) --store $(STORE) --keep $(KEEP) $(if $(SAMPLE),--sample $(SAMPLE)) $(DATASTORE_ARGS)
 
 clean: ## remove caches and Hydra output folders (keeps results/ and .venv)
 	rm -rf outputs multirun .pytest_cache .ruff_cache

@@ -247,6 +247,7 @@ def write_store(
     separator = int(tokenizer["vocab_size"])
     dtype = np.dtype("<u2") if separator < 2**16 else np.dtype("<u4")
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.tmp"))
+    tmp.chmod(0o755)
     try:
         digest, n_tokens, n_docs = hashlib.sha256(), 0, 0
         sep_bytes = np.asarray([separator], dtype=dtype).tobytes()

@@ -15,6 +15,7 @@ is deterministic for a given retrieval.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 
 
@@ -66,8 +67,8 @@ class WeightedTrie:
         """
         if max_nodes <= 0 or len(self) == 0:
             return [], []
-        ranked = sorted(range(1, len(self.token)), key=lambda n: (-self.weight[n], self.depth[n], n))
-        keep = set(ranked[:max_nodes])
+        weight, depth = self.weight, self.depth
+        keep = set(heapq.nsmallest(max_nodes, range(1, len(self.token)), key=lambda n: (-weight[n], depth[n], n)))
         tokens: list[int] = []
         parents: list[int] = []
         stack = [(c, -1) for c in reversed(self._ordered_children(0, keep))]

@@ -131,6 +131,12 @@ def test_generated_store_refuses_its_own_prompts(cache, tmp_path):
     with pytest.raises(ConfigError, match=r"holds model outputs for 1 of this run's prompts \(prompts/.*allow_overlap=true"):
         run(cfg_for(tmp_path, *base, "limit=1"))
     assert not list(tmp_path.rglob("*.parquet"))  # refused before anything ran
+    env = {**os.environ, "SPECBENCH_CACHE": str(cache)}
+    proc = subprocess.run([sys.executable, "run.py", "experiment=smoke", f"results_dir={tmp_path}", "progress=false",
+                           *base, "limit=1"], cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: datastore ") and "set method.allow_overlap=true" in last
     run(cfg_for(tmp_path, *base, "limit=1", "offset=2"))  # disjoint prompts run
     run(cfg_for(tmp_path, *base, "limit=1", "method.allow_overlap=true"))
     assert len(list(tmp_path.rglob("*.parquet"))) == 2
