@@ -17,16 +17,47 @@ same forward as the guesses. Each step:
    come back in ``aux_logits``.
 3. Each pool sequence gets its next token by the coverage rule: r ~ U(0,1)
    from the drafter's own ``random.Random(seed)`` (reseeded at every
-   :meth:`start`); when ``r < coverage_threshold`` (τ) the most probable token
-   that is not yet a key of S_fwd (over the whole vocabulary; the argmax if
-   every token is a key), else the argmax. **Reading**: τ is the probability
-   of the coverage branch (ε-greedy exploration), so the paper's τ = 0.1
-   explores 10% of the time. The paper's garbled text, taken literally
-   ("r > τ"), explores 90% of the time: that is ``coverage_threshold: 0.9``
-   here. On SmolLM2 (bf16, 2 MT-Bench prompts, 200 tokens) the literal
-   reading cut τ (tokens per step) from 2.19 to 1.18 at the paper budget and
-   from 1.82 to 1.15 at W=5, N=4, G=5; ``coverage: false`` (plain argmax) gave
-   2.33 and 1.92. The rule reads the keys S_fwd had before this step's updates.
+   :meth:`start`); on the exploring branch the most probable token not yet
+   "present in S_fwd", else the argmax. ``coverage_reading`` says how the
+   paper's rule is read (τ = ``coverage_threshold`` in all three):
+
+   * ``epsilon``: explore when r < τ; present = a key of S_fwd (ε-greedy:
+     the paper's τ = 0.1 explores 10% of the time);
+   * ``literal_key``: explore when r > τ, the paper's stated direction (90%
+     of the time); present = a key of S_fwd;
+   * ``literal_ngram`` (the presets): explore when r > τ; present = the
+     n-gram the token would complete (the pool sequence + the token) is
+     already stored under its first token in S_fwd. Only a sequence whose
+     argmax completes an n-gram S_fwd already holds takes its next best.
+
+   **Choice.** The paper states r > τ three times, and its τ (tokens per
+   step) ≈ 4 on Llama-2-7B says the rule cannot be costing much acceptance.
+   ``literal_key`` replaces the argmax by a token that has never started an
+   S_fwd entry in 90% of the rows: the pool stops following the model and
+   τ drops (table below). ``literal_ngram`` keeps r > τ and costs nothing
+   where the model's top continuation is new; it diversifies exactly where
+   the argmax would only re-insert an n-gram already stored, which is the
+   reading of "coverage" that is consistent with both. The rule reads S_fwd
+   as it was before this step's updates.
+
+   τ (tokens per step) on SmolLM2, greedy, 128 tokens, one prompt each of
+   MT-Bench, GSM8K and HumanEval, paper (N 5, W 15, G 15) and CPU (N 4, W 5,
+   G 5) budgets, τ = 0.1 (``bench/coverage_readings.py``):
+
+   | budget | dtype | prompts | epsilon | literal_key | literal_ngram |
+   | --- | --- | --- | --- | --- | --- |
+   | paper | fp32 | mtbench | 1.83 | 1.27 | 1.73 |
+   | paper | bf16 | gsm8k | 2.06 | 1.29 | 2.13 |
+   | paper | bf16 | humaneval | 1.68 | 1.17 | 1.56 |
+   | paper | bf16 | mtbench | 1.91 | 1.31 | 2.29 |
+   | cpu | fp32 | mtbench | 1.42 | 1.10 | 1.25 |
+   | cpu | bf16 | gsm8k | 1.80 | 1.23 | 1.64 |
+   | cpu | bf16 | humaneval | 1.38 | 1.17 | 1.17 |
+   | cpu | bf16 | mtbench | 1.58 | 1.23 | 1.60 |
+
+   ``literal_key`` costs 0.3–0.9 tokens per step on every row;
+   ``literal_ngram`` is within noise of ``epsilon`` (one prompt per row).
+
 4. Every completed sequence c_0..c_{N-1} updates both dictionaries (with or
    without sub-n-grams), then every sequence shifts left by one.
 
@@ -37,43 +68,22 @@ every window of N tokens of the prompt (at start) and of the committed output
 (as it grows), like a pool sequence. Dictionaries and pool are reset at every
 :meth:`start` (each sample and turn), so a generation does not depend on the
 ones before it. With ``use_forward_dict: false`` S_fwd is still kept (the
-coverage rule reads its keys) but proposes nothing. Guesses are not cut to the
+coverage rule reads it) but proposes nothing. Guesses are not cut to the
 remaining token budget: the core truncates at ``max_new_tokens``.
 """
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 
-from specbench.draft import SOURCE_BWD, SOURCE_FWD, DecodeState, Draft, Drafter, VerifyResult
-from specbench.ngram_dicts import CandidatePool, NgramDicts
+from specbench.draft import DecodeState, Draft, Drafter, VerifyResult
 from specbench.registry import register_method
+from specbench.spectra_engine import CoreSettings, SpectraCoreEngine
 
 
 @dataclass
-class SpectraCoreConfig:
-    ngram_size: int = 5  # N: pool sequences and dictionary n-grams
-    pool_size: int = 15  # W: candidate-pool sequences
-    max_guesses: int = 15  # G: guesses per step (also the cap of each S_fwd list)
-    coverage_threshold: float = 0.1  # τ of the coverage rule
-    coverage: bool = True  # False: pool tokens are the plain argmax
-    use_forward_dict: bool = True
-    use_backward_dict: bool = True
-    sub_ngrams: bool = True
-    context_ngrams: bool = False  # also learn n-grams of the prompt and committed output
-
-    def validate(self) -> None:
-        if self.ngram_size < 2:
-            raise ValueError(f"spectra_core: ngram_size must be >= 2, got {self.ngram_size}")
-        if self.pool_size < 1:
-            raise ValueError(f"spectra_core: pool_size must be >= 1, got {self.pool_size}")
-        if self.max_guesses < 1:
-            raise ValueError(f"spectra_core: max_guesses must be >= 1, got {self.max_guesses}")
-        if not 0.0 <= self.coverage_threshold <= 1.0:
-            raise ValueError(
-                f"spectra_core: coverage_threshold must be in [0, 1], got {self.coverage_threshold}"
-            )
+class SpectraCoreConfig(CoreSettings):
+    """The engine's settings (:class:`specbench.spectra_engine.CoreSettings`), nothing more."""
 
 
 @register_method
@@ -85,68 +95,19 @@ class SpectraCore(Drafter):
         config = config or SpectraCoreConfig()
         config.validate()
         super().__init__(config, vocab_size=vocab_size, seed=seed, tokenizer=tokenizer)
-        c = config
-        self.dicts = NgramDicts(c.ngram_size, c.max_guesses, c.sub_ngrams)
-        self.pool = CandidatePool(c.pool_size, c.ngram_size)
-        self.rng = random.Random(seed)
-        self._learned = 0  # context tokens already inserted as window ends (context_ngrams)
+        self.engine = SpectraCoreEngine(config, seed)
+        self.dicts, self.pool = self.engine.dicts, self.engine.pool
 
     def start(self, prompt_ids: list[int]) -> None:
-        self.dicts.clear()
-        self.rng = random.Random(self.seed)
-        self.pool.reset(prompt_ids, self.rng)
-        self._learned = 0
-        if self.config.context_ngrams:
-            self._learn_context(prompt_ids)
-            self._sync_keys()
-
-    def _learn_context(self, tokens: list[int]) -> None:
-        n = self.config.ngram_size
-        for end in range(max(self._learned, n - 1), len(tokens)):  # full windows of n tokens
-            self.dicts.add(tokens[end - n + 1 : end + 1])
-        self._learned = len(tokens)
+        self.engine.start(prompt_ids)
 
     def guesses(self, tokens: list[int]) -> tuple[list[list[int]], list[str]]:
         """The step's guess sequences and their sources, in priority order, at most G."""
-        c = self.config
-        seqs: list[list[int]] = []
-        sources: list[str] = []
-        bwd: list[int] = []
-        if c.use_backward_dict:
-            bwd = self.dicts.backward_guess(tokens, c.ngram_size)
-            if bwd:
-                seqs.append(bwd)
-                sources.append(SOURCE_BWD)
-        if c.use_forward_dict:
-            for cont in self.dicts.forward_guesses(tokens[-1]):
-                if len(seqs) >= c.max_guesses:
-                    break
-                if list(cont) != bwd:
-                    seqs.append(list(cont))
-                    sources.append(SOURCE_FWD)
-        return seqs, sources
+        return self.engine.guesses(tokens)
 
     def propose(self, state: DecodeState) -> Draft:
-        if self.config.context_ngrams:
-            self._learn_context(state.tokens)
-            self._sync_keys()
-        draft = Draft.from_sequences(*self.guesses(state.tokens))
-        draft.aux_tokens = self.pool.aux_tokens()
-        draft.aux_positions = self.pool.positions
-        draft.aux_visible = self.pool.visible
-        draft.aux_logit_rows = self.pool.logit_rows  # the output layer only on each sequence's last token
-        return draft
+        self.engine.learn_context(state.tokens)
+        return self.engine.attach_pool(Draft.from_sequences(*self.engine.guesses(state.tokens)))
 
     def update(self, result: VerifyResult) -> None:
-        if result.aux_logits is None:
-            return
-        c = self.config
-        draws = [self.rng.random() for _ in range(c.pool_size)] if c.coverage else None
-        for seq in self.pool.advance(result.aux_logits[-c.pool_size :], draws, c.coverage_threshold):
-            self.dicts.add(seq)
-        self._sync_keys()
-
-    def _sync_keys(self) -> None:
-        """The coverage rule avoids the keys of S_fwd: pass on the ones added since last time."""
-        self.pool.exclude(self.dicts.new_keys)
-        self.dicts.new_keys.clear()
+        self.engine.update(result.aux_logits)

@@ -25,6 +25,15 @@ share them and they can be tested with hand-worked answers.
 so once the guess is long enough its own tokens form the key); append the first
 hit; stop at the first token with no hit or at ``length`` tokens.
 
+**Coverage rule, three readings** (``READINGS``; r ~ U(0,1) per pool sequence,
+τ = ``threshold``): ``epsilon`` explores when r < τ and avoids the keys of
+S_fwd; ``literal_key`` explores when r > τ (the paper's stated direction) and
+avoids the keys of S_fwd; ``literal_ngram`` explores when r > τ and avoids, for
+each sequence, the tokens whose completed n-gram is already stored under the
+sequence's first token (:meth:`NgramDicts.completions`), so only a sequence
+whose argmax completes a known n-gram changes its token. "Explore" = the most
+probable token not avoided (the argmax when every token is avoided).
+
 **Candidate pool** (:class:`CandidatePool`): W sequences of N−1 known tokens,
 sent as auxiliary nodes *level-major* (all first tokens, then all second
 tokens, …) so that the rows predicting each sequence's next token are the last
@@ -37,7 +46,7 @@ only. The layout is built once per (W, N).
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 
 import numpy as np
@@ -99,6 +108,16 @@ class NgramDicts:
     def forward_guesses(self, token: int) -> list[tuple[int, ...]]:
         return self.fwd.get(token, [])
 
+    def completions(self, seq: Sequence[int]) -> set[int]:
+        """Tokens ``t`` such that the n-gram ``seq + (t,)`` is stored under ``seq[0]`` in S_fwd.
+
+        An entry that extends it counts (lists are prefix-free: a stored n-gram
+        may live inside a longer continuation). At most ``cap`` tokens.
+        """
+        mid = tuple(seq[1:])
+        k = len(mid)
+        return {e[k] for e in self.fwd.get(seq[0], ()) if len(e) > k and e[:k] == mid}
+
     def backward_guess(self, context: Sequence[int], length: int) -> list[int]:
         """Build a guess token by token from S_bwd, longest matching context first."""
         ctx = list(context[-(self.n - 1) :]) if self.n > 1 else []
@@ -129,14 +148,30 @@ def pool_layout(width: int, n: int) -> tuple[list[int], np.ndarray]:
     return positions, visible
 
 
+READINGS = ("epsilon", "literal_key", "literal_ngram")
+
+
+def exploring(draws: Sequence[float] | None, threshold: float, reading: str) -> list[int]:
+    """The pool sequences that take the coverage branch: r < τ (``epsilon``) or r > τ (the literal readings)."""
+    if draws is None:
+        return []
+    if reading == "epsilon":
+        return [i for i, r in enumerate(draws) if r < threshold]
+    if reading in READINGS:
+        return [i for i, r in enumerate(draws) if r > threshold]
+    raise ValueError(f"unknown coverage reading {reading!r}; choose one of {', '.join(READINGS)}")
+
+
 class CandidatePool:
     """W sequences of N−1 tokens whose next token the target predicts in every step's forward.
 
-    The coverage rule avoids the tokens passed to :meth:`exclude` (SPECTRA: the
-    keys of S_fwd), kept as a 0 / −inf penalty over the vocabulary so that one
-    vectorised add + argmax over the exploring rows finds each one's most
-    probable token not excluded. On CPU the argmaxes run in numpy: torch's CPU
-    argmax over [15, 49152] costs ~1.2 ms, numpy's ~0.06 ms.
+    Key readings: the coverage rule avoids the tokens passed to :meth:`exclude`
+    (SPECTRA: the keys of S_fwd), kept as a 0 / −inf penalty over the vocabulary
+    so that one vectorised add + argmax over the exploring rows finds each one's
+    most probable token not excluded. On CPU the argmaxes run in numpy: torch's
+    CPU argmax over [15, 49152] costs ~1.2 ms, numpy's ~0.06 ms. N-gram reading:
+    each row has its own small set of avoided tokens (at most G); only the rows
+    whose plain argmax is in its set search again, on a copy of that one row.
     """
 
     def __init__(self, width: int, n: int) -> None:
@@ -173,14 +208,7 @@ class CandidatePool:
         vocab = rows.shape[-1]
         self._grow(vocab)
         on_cpu = rows.device.type == "cpu"
-        if not on_cpu:
-            x = rows.float()
-        elif rows.dtype == torch.float32:
-            x = rows.detach().numpy()  # a view, no copy
-        else:  # bf16/fp16: convert into a kept buffer (a fresh 3 MB array page-faults every step)
-            if self._buf.shape != rows.shape:
-                self._buf = torch.empty(rows.shape, dtype=torch.float32)
-            x = self._buf.copy_(rows).numpy()
+        x = self._rows(rows)  # bf16/fp16 go through a kept buffer (a fresh 3 MB array page-faults every step)
         plain = x.argmax(-1).tolist()
         if not explore:
             return plain
@@ -202,18 +230,57 @@ class CandidatePool:
                 plain[i] = b
         return plain
 
+    def _rows(self, rows: torch.Tensor):
+        """The rows as float32 numpy on CPU (a view for fp32, a kept buffer otherwise), torch elsewhere."""
+        if rows.device.type != "cpu":
+            return rows.float()
+        if rows.dtype == torch.float32:
+            return rows.detach().numpy()
+        if self._buf.shape != rows.shape:
+            self._buf = torch.empty(rows.shape, dtype=torch.float32)
+        return self._buf.copy_(rows).numpy()
+
+    def _best_ngram(
+        self, rows: torch.Tensor, explore: list[int], avoid: Callable[[Sequence[int]], set[int]]
+    ) -> list[int]:
+        """Each row's argmax; an exploring row whose argmax is in ``avoid(its sequence)`` takes its best
+        token outside that set instead."""
+        x = self._rows(rows)
+        plain = x.argmax(-1).tolist()
+        for i in explore:
+            banned = avoid(self.seqs[i])
+            if plain[i] not in banned:
+                continue
+            y = x[i].clone() if isinstance(x, torch.Tensor) else x[i].copy()
+            y[list(banned)] = float("-inf")
+            plain[i] = int(y.argmax())
+        return plain
+
     def advance(
-        self, last_rows: torch.Tensor, draws: Sequence[float] | None, threshold: float
+        self,
+        last_rows: torch.Tensor,
+        draws: Sequence[float] | None,
+        threshold: float,
+        reading: str = "epsilon",
+        avoid: Callable[[Sequence[int]], set[int]] | None = None,
     ) -> list[tuple[int, ...]]:
         """Complete every sequence with its predicted next token, return them, shift left by one.
 
         ``last_rows``: ``[W, vocab]`` logits after each sequence's last token.
-        Coverage rule: with ``draws`` (one r ~ U(0,1) per sequence), a sequence
-        whose ``r < threshold`` takes its most probable token not excluded; the
-        others (and all of them without ``draws``) take the plain argmax.
+        Coverage rule: with ``draws`` (one r ~ U(0,1) per sequence), the
+        sequences that :func:`exploring` picks for ``reading`` take their most
+        probable token not avoided (the key readings: not excluded; the n-gram
+        reading: not in ``avoid(sequence)``); the others (and all of them
+        without ``draws``) take the plain argmax.
         """
-        explore = [i for i, r in enumerate(draws) if r < threshold] if draws is not None else []
-        nxt = self._best(last_rows, explore)
+        explore = exploring(draws, threshold, reading)
+        self._grow(last_rows.shape[-1])
+        if reading == "literal_ngram":
+            if avoid is None:
+                raise ValueError("the literal_ngram reading needs avoid(sequence) (NgramDicts.completions)")
+            nxt = self._best_ngram(last_rows, explore, avoid)
+        else:
+            nxt = self._best(last_rows, explore)
         done = [(*s, t) for s, t in zip(self.seqs, nxt, strict=True)]
         self.seqs = [list(c[1:]) for c in done]
         return done

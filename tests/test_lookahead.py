@@ -7,16 +7,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from methods.lookahead import (
-    Lookahead,
-    LookaheadConfig,
-    NgramPool,
-    advance_window,
-    harvest,
-    window_layout,
-)
+from methods.lookahead import Lookahead, LookaheadConfig
 from specbench.decode import generate
 from specbench.draft import SOURCE_POOL, DecodeState, VerifyResult
+from specbench.lookahead_window import NgramPool, advance_window, harvest, window_layout
 from specbench.registry import build_method_config, get_method
 from specbench.sampling import SamplingParams
 from specbench.verify import Target

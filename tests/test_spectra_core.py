@@ -17,9 +17,10 @@ from omegaconf import OmegaConf
 from methods.spectra_core import SpectraCore, SpectraCoreConfig
 from specbench.decode import generate
 from specbench.draft import SOURCE_BWD, SOURCE_FWD, DecodeState, VerifyResult
-from specbench.ngram_dicts import CandidatePool, NgramDicts, pool_layout
+from specbench.ngram_dicts import CandidatePool, NgramDicts, exploring, pool_layout
 from specbench.registry import build_method_config, get_method
 from specbench.sampling import SamplingParams
+from specbench.spectra_engine import SpectraCoreEngine
 from specbench.verify import Target
 from tests.lossless import (
     SMALL_VOCAB,
@@ -101,19 +102,94 @@ def test_coverage_rule_takes_the_most_probable_unseen_token_when_r_is_below_tau(
     assert [c[-1] for c in pool.advance(logits, [0.05] * 4, 0.1)] == [5] * 4 and pool.seqs == [[5]] * 4
 
 
+def test_which_draws_explore_under_each_reading():
+    draws = [0.05, 0.5, 0.1, 0.95]
+    assert exploring(draws, 0.1, "epsilon") == [0]  # r < τ
+    assert exploring(draws, 0.1, "literal_key") == [1, 3] == exploring(draws, 0.1, "literal_ngram")  # r > τ
+    assert exploring(None, 0.1, "literal_ngram") == []
+    with pytest.raises(ValueError, match="literal_ngram"):
+        exploring(draws, 0.1, "literal")
+
+
+def test_literal_key_reading_explores_when_r_is_above_tau():
+    pool = CandidatePool(width=2, n=2)
+    pool.seqs = [[1], [1]]
+    logits = torch.zeros(2, 10)
+    logits[:, 5], logits[:, 6] = 3.0, 2.0
+    pool.exclude([5])
+    done = pool.advance(logits, [0.5, 0.05], 0.1, "literal_key")
+    assert [c[-1] for c in done] == [6, 5]  # r = 0.5 > τ explores; r = 0.05 takes the argmax
+
+
+def test_completions_are_the_last_tokens_of_stored_ngrams_under_the_first_token():
+    d = NgramDicts(n=3, cap=15)
+    d.add([1, 2, 5])  # fwd[1] = (2, 5), fwd[2] = (5,)
+    d.add([1, 3, 9])  # fwd[1] = (3, 9), (2, 5)
+    assert d.completions([1, 2]) == {5} and d.completions([1, 3]) == {9}
+    assert d.completions([4, 2]) == set() and d.completions([2, 5]) == set()
+    d4 = NgramDicts(n=4, cap=15)
+    d4.add([1, 2, 5, 7])  # fwd[1] = (2, 5, 7): stores (1, 2, 5) inside a longer continuation
+    assert d4.completions([1, 2]) == {5} and d4.completions([1, 2, 5]) == {7}
+
+
+def test_literal_ngram_reading_avoids_only_ngrams_already_stored():
+    d = NgramDicts(n=3, cap=15)
+    d.add([1, 2, 5])
+    d.add([1, 3, 9])
+    pool = CandidatePool(width=4, n=3)
+    pool.seqs = [[1, 2], [1, 3], [4, 2], [1, 2]]
+    logits = torch.zeros(4, 12)
+    logits[:, 5], logits[:, 6], logits[:, 9] = 3.0, 2.0, 1.0  # rows 0, 2, 3: 5 > 6 > 9
+    logits[1, 9] = 4.0  # row 1: 9 > 5 > 6
+    pool.exclude([*d.fwd, 5])  # the key readings' exclusions: must not matter here
+    done = pool.advance(logits, [0.5, 0.5, 0.5, 0.05], 0.1, "literal_ngram", d.completions)
+    # row 0: (1, 2, 5) is stored → next best 6; row 1: (1, 3, 9) is stored → 5;
+    # row 2: (4, 2, 5) is not stored → its argmax 5 (excluded only in the key readings); row 3: r < τ → argmax.
+    assert [c[-1] for c in done] == [6, 5, 5, 5]
+    assert pool.seqs == [[2, 6], [3, 5], [2, 5], [2, 5]]
+    with pytest.raises(ValueError, match="completions"):
+        pool.advance(logits, [0.5] * 4, 0.1, "literal_ngram")
+
+
+def test_the_ngram_rule_reads_the_dictionaries_before_the_steps_updates():
+    engine = SpectraCoreEngine(SpectraCoreConfig(ngram_size=3, pool_size=2, coverage_threshold=0.0))
+    engine.start([1, 2])
+    engine.pool.seqs = [[1, 2], [1, 2]]  # twins: both complete (1, 2, argmax) in the same step
+    logits = torch.zeros(2, 8)
+    logits[:, 5], logits[:, 6] = 3.0, 2.0
+    engine.update(logits)  # τ = 0: every r > τ explores, but nothing is stored yet
+    assert engine.pool.seqs == [[2, 5], [2, 5]] and engine.dicts.completions([1, 2]) == {5}
+    engine.pool.seqs = [[1, 2], [7, 2]]
+    engine.update(logits)
+    assert engine.pool.seqs == [[2, 6], [2, 5]]  # (1, 2, 5) is known now; (7, 2, 5) is not
+
+
+@pytest.mark.parametrize("reading", ["epsilon", "literal_key", "literal_ngram"])
+def test_every_reading_is_lossless(tiny_llama, reading):
+    recs = assert_greedy_lossless(
+        Target(tiny_llama.model), lambda: drafter(coverage_reading=reading), REPETITIVE, max_new_tokens=48
+    )
+    assert all(sum(r.accepted_by_source.values()) > 0 for r in recs)
+
+
 def test_half_precision_logits_pick_the_same_tokens():
     logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(0)) * 4
     draws = [0.05, 0.5, 0.05, 0.5, 0.05, 0.5]
     picks = {}
+    top = logits.argmax(-1).tolist()
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         pool = CandidatePool(width=6, n=2)
-        pool.exclude(logits.argmax(-1).tolist()[:3])
+        pool.exclude(top[:3])
         pool.seqs = [[0]] * 6
         picks[dtype] = [pool.advance(logits.to(dtype), draws, 0.1)[i][-1] for i in range(6)] + [
             pool.advance(logits.to(dtype), None, 0.1)[i][-1] for i in range(6)
         ]
+        pool.seqs = [[0]] * 6
+        stored = lambda seq: set(top[:3])  # noqa: E731 - every row avoids the first three rows' argmaxes
+        picks[dtype] += [t[-1] for t in pool.advance(logits.to(dtype), draws, 0.1, "literal_ngram", stored)]
     assert picks[torch.float32] == picks[torch.bfloat16] == picks[torch.float16]
-    assert picks[torch.float32][:6] != picks[torch.float32][6:]  # the exploring rows changed
+    assert picks[torch.float32][:6] != picks[torch.float32][6:12]  # the exploring rows changed
+    assert picks[torch.float32][12:15] != top[:3] and picks[torch.float32][15:] == top[3:]  # r > τ: rows 1, 3, 5
 
 
 def test_pool_layout_is_level_major_with_causal_chains_invisible_to_each_other():
@@ -156,9 +232,9 @@ def test_guesses_put_the_backward_guess_first_and_stop_at_g():
     assert seqs == [[12, 0], [14, 0], [13, 0]]
     assert sources == [SOURCE_BWD, SOURCE_FWD, SOURCE_FWD]
     assert drafter(ngram_size=3, max_guesses=3, use_backward_dict=False).guesses([1, 2, 3])[0] == []
-    d.config = dataclasses.replace(d.config, use_backward_dict=False)
+    d.engine.settings = dataclasses.replace(d.config, use_backward_dict=False)
     assert d.guesses([1, 2, 3])[0] == [[14, 0], [13, 0], [12, 0]]
-    d.config = dataclasses.replace(d.config, use_backward_dict=True, use_forward_dict=False)
+    d.engine.settings = dataclasses.replace(d.config, use_backward_dict=True, use_forward_dict=False)
     assert d.guesses([1, 2, 3]) == ([[12, 0]], [SOURCE_BWD])
 
 
@@ -207,7 +283,13 @@ def test_context_ngrams_learn_the_prompt_and_the_output():
 
 
 def test_config_validation_yaml_and_registry():
-    for bad in (dict(ngram_size=1), dict(pool_size=0), dict(max_guesses=0), dict(coverage_threshold=1.5)):
+    for bad in (
+        dict(ngram_size=1),
+        dict(pool_size=0),
+        dict(max_guesses=0),
+        dict(coverage_threshold=1.5),
+        dict(coverage_reading="literal"),
+    ):
         with pytest.raises(ValueError, match="spectra_core"):
             SpectraCoreConfig(**bad).validate()
     yaml = OmegaConf.to_container(OmegaConf.load(CONF))
