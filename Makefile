@@ -34,9 +34,9 @@ CPU_RESULTS ?= results/reproduce-cpu
 CPU_REPORTS ?= reports/reproduce-cpu
 CPU_LIMIT   ?= 3
 CPU_TOKENS  ?= 96
-CPU_METHODS ?= anpd,lookahead-cpu,spectra_core-cpu
+CPU_METHODS ?= anpd,lookahead-cpu,rest-cpu,spectra_core-cpu,spectra-cpu
 CPU_DATASETS ?= humaneval,mtbench
-CPU_VARIANTS ?= core,core_no_fwd,core_no_bwd,core_no_sub,lookahead
+CPU_VARIANTS ?= core,core_no_fwd,core_no_bwd,core_no_sub,retrieval,retrieval_no_refine,spectra,rest,lookahead,lookahead_rest
 CPU_SUMMARIES ?= specbench/data/samples/summaries.jsonl
 CPU_EXTRA   ?=
 CPU_ARGS     = model=smollm2-135m hardware=cpu limit=$(CPU_LIMIT) max_new_tokens=$(CPU_TOKENS) \
@@ -86,6 +86,10 @@ bench: setup ## side-by-side speed benchmarks (bench/README.md); DATA_DIR=<dir w
 	$(PY) bench/compare.py $(if $(DATA_DIR),--data gsm8k=$(DATA_DIR)/gsm8k_test.jsonl)
 
 smoke-experiments: setup ## every experiment's smoke variant (tiny model, seconds each) into results/smoke, then its report
+	$(PY) -m specbench.datastore info --model tiny-llama --store stdlib >/dev/null 2>&1 || \
+	  $(PY) -m specbench.datastore build --model tiny-llama --source stdlib --limit 20 --quiet
+	$(PY) -m specbench.datastore info --model tiny-llama --store stdlib-refined >/dev/null 2>&1 || \
+	  $(PY) -m specbench.datastore refine --model tiny-llama --store stdlib --keep 0.5 --sample 40 --quiet
 	for e in table1 table2 table3 table6 table7 figure3 figure4 figure6; do \
 	  $(PY) run.py -m experiment=$${e}_smoke progress=false || exit 1; done
 	$(PY) -m specbench.report --results results/smoke --out reports/smoke
@@ -124,6 +128,10 @@ report: setup ## every table and figure from what is in results/ (no runs): repo
 	$(REPORT) all
 
 reproduce-cpu: setup ## the whole pipeline on SmolLM2 on the CPU (about an hour on 2 cores): reports/reproduce-cpu/
+	$(PY) -m specbench.datastore info --model smollm2-135m --store stdlib >/dev/null 2>&1 || \
+	  $(PY) -m specbench.datastore build --model smollm2-135m --source stdlib
+	$(PY) -m specbench.datastore info --model smollm2-135m --store stdlib-refined >/dev/null 2>&1 || \
+	  $(PY) -m specbench.datastore refine --model smollm2-135m --store stdlib --keep 0.5 --sample 2000
 	$(PY) run.py -m experiment=table1 $(CPU_ARGS) method=$(CPU_METHODS) dataset=$(CPU_DATASETS) temperature=0,1
 	$(PY) run.py -m experiment=table2 $(CPU_ARGS) +variant=$(CPU_VARIANTS) dataset=mtbench
 	$(PY) run.py -m experiment=table3 $(CPU_ARGS) method=lookahead-cpu,spectra_core-cpu dataset=mtbench
