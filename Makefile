@@ -15,7 +15,7 @@ STAMP       := $(VENV)/.specbench-installed
 PYTEST      := $(PY) -m pytest -p no:cacheprovider
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo smoke smoke-experiments test test-slow test-all lint bench clean \
+.PHONY: help setup demo smoke smoke-experiments test test-slow test-all lint bench bench-stores bench-retrieval clean \
         datastore datastore-refine table1 table2 table3 table4 table5 table6 table7 figures report reproduce-cpu
 
 # Paper reproduction. Sweeps write <RESULTS>/<experiment>/; reports go to <REPORTS>/ (Markdown, LaTeX,
@@ -81,9 +81,23 @@ test-all: setup ## every test
 lint: setup ## ruff
 	$(PY) -m ruff check .
 
-bench: setup ## side-by-side speed benchmarks (bench/README.md); DATA_DIR=<dir with gsm8k_test.jsonl> adds GSM8K
+RETRIEVAL_BENCH ?= pld lookahead-cpu spectra_core-cpu rest-cpu spectra_retrieval-cpu spectra_retrieval-cpu:norefine \
+                   spectra-cpu lookahead rest spectra_core spectra
+
+bench: setup bench-retrieval ## side-by-side speed benchmarks (bench/README.md); DATA_DIR=<dir with gsm8k_test.jsonl> adds GSM8K
 	$(PY) bench/baseline.py
 	$(PY) bench/compare.py $(if $(DATA_DIR),--data gsm8k=$(DATA_DIR)/gsm8k_test.jsonl)
+
+bench-stores: setup ## SmolLM2's stores for the retrieval benchmark (standard library, its refined copy, model answers)
+	$(PY) -m specbench.datastore info --store stdlib >/dev/null 2>&1 || $(PY) -m specbench.datastore build --source stdlib
+	$(PY) -m specbench.datastore info --store stdlib-refined >/dev/null 2>&1 || \
+	  $(PY) -m specbench.datastore refine --store stdlib --keep 0.5 --sample 2000
+	$(PY) -m specbench.datastore info --store chat >/dev/null 2>&1 || $(PY) -m specbench.datastore build --source chat
+	$(PY) -m specbench.datastore info --store chat-refined >/dev/null 2>&1 || \
+	  $(PY) -m specbench.datastore refine --store chat --keep 0.5
+
+bench-retrieval: bench-stores ## retrieval methods (rest, spectra_retrieval with/without refinement, spectra) beside CORE, Lookahead, PLD
+	$(PY) bench/compare.py --methods $(RETRIEVAL_BENCH) --datasets humaneval mtbench
 
 smoke-experiments: setup ## every experiment's smoke variant (tiny model, seconds each) into results/smoke, then its report
 	$(PY) -m specbench.datastore info --model tiny-llama --store stdlib >/dev/null 2>&1 || \

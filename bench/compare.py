@@ -9,12 +9,22 @@ model forward: propose + update), and how many greedy outputs equal the
 baseline's. transformers' own prompt lookup (``generate(prompt_lookup_num_tokens=10)``)
 runs on the same prompts as ``hf_pld``, next to our ``pld``.
 
-Paper presets (``lookahead``, ``spectra_core``) carry the GPU budget; ``-cpu``
-presets a budget for a CPU (see DESIGN: on this CPU a 120-token block costs
-several single-token steps).
+Paper presets (``lookahead``, ``spectra_core``, ``spectra``, ``rest``) carry the
+GPU budget; ``-cpu`` presets a budget for a CPU (see DESIGN: on this CPU a
+120-token block costs several single-token steps).
+
+Retrieval presets (``rest``, ``spectra_retrieval``, ``spectra``, ``lookahead_rest``)
+read the store named per dataset by ``--stores`` (default: the standard-library
+store for code prompts, the model-generated ``chat`` store, built from MT-Bench
+questions 41-80, for MT-Bench questions 1-40 and GSM8K); each is checked as a
+run would check it (it must exist; its prompts must not overlap the evaluated
+ones). ``<preset>:norefine`` reads the unrefined store. The lookup time per
+step and each store's size and build time are printed too.
 
     python bench/compare.py --data gsm8k=/path/gsm8k_test.jsonl
     python bench/compare.py --dtypes bfloat16 --datasets mtbench --prompts 2 --max-new-tokens 64
+    python bench/compare.py --methods pld spectra_core-cpu rest-cpu spectra_retrieval-cpu \
+        spectra_retrieval-cpu:norefine spectra-cpu --datasets humaneval mtbench
 """
 
 from __future__ import annotations
@@ -26,8 +36,9 @@ from pathlib import Path
 from baseline import hf_generate  # bench/ is on sys.path when a script here runs
 from omegaconf import OmegaConf
 
-from specbench.config import CONF_DIR
+from specbench.config import CONF_DIR, ConfigError
 from specbench.data import DatasetUnavailableError, get_dataset, select
+from specbench.datastore import Datastore
 from specbench.decode import generate
 from specbench.metrics import mac_tp, mic_tp
 from specbench.models import load_model
@@ -36,18 +47,37 @@ from specbench.registry import build_method_config, get_method
 from specbench.verify import Target
 
 DEFAULT_METHODS = ["pld", "anpd", "lookahead-cpu", "lookahead", "spectra_core-cpu", "spectra_core"]
+DEFAULT_STORES = {"humaneval": "stdlib", "mbpp": "stdlib", "classeval": "stdlib", "mtbench": "chat", "gsm8k": "chat"}
 
 
-def preset(name: str):
-    cfg = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "method" / f"{name}.yaml"))
+def preset(name: str, run_cfg=None, store: str | None = None):
+    """A preset's method and config; ``<preset>:norefine`` reads the unrefined store. Retrieval
+    presets get ``store`` and are checked against ``run_cfg`` as a run checks them (preflight)."""
+    base, _, variant = name.partition(":")
+    cfg = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "method" / f"{base}.yaml"))
     method = cfg.pop("name")
-    return method, build_method_config(method, cfg)
+    if variant == "norefine":
+        cfg["refine"] = False
+    if "datastore" in cfg and store:
+        cfg["datastore"] = store
+    config = build_method_config(method, cfg)
+    if run_cfg is not None:
+        get_method(method).preflight(config, run_cfg)
+    return method, config
+
+
+def store_facts(path) -> str:
+    meta = Datastore.load(path).meta
+    return (
+        f"{Path(path).name}: {meta['tokens'] / 1e6:.2f}M tokens, {meta.get('documents', '?')} documents, "
+        f"index {meta.get('index_bytes', 0) / 1e6:.0f} MB, built in {meta.get('build_seconds', 0):.0f} s"
+    )
 
 
 class Tally:
     def __init__(self) -> None:
         self.tokens = self.steps = self.n = self.match = 0
-        self.seconds = self.draft_s = 0.0
+        self.seconds = self.draft_s = self.lookup_s = 0.0
         self.step_tokens: list[int] = []
         self.step_times: list[float] = []
 
@@ -58,19 +88,22 @@ class Tally:
         self.steps += rec.steps
         self.seconds += seconds
         self.draft_s += sum(rec.step_draft_s)
+        self.lookup_s += sum(rec.step_lookup_s)
         self.step_tokens += rec.step_tokens
         self.step_times += rec.step_times
 
 
-def bench(loaded, prompts, presets: list[str], max_new: int) -> dict[str, Tally]:
+def bench(loaded, prompts, presets: list[str], max_new: int, run_cfg=None, store=None) -> dict[str, Tally]:
     target = Target(loaded.model)
     eos = loaded.eos_token_ids
     drafters = {"autoregressive": get_method("autoregressive")(None, vocab_size=loaded.vocab_size)}
     for name in presets:
-        method, cfg = preset(name)
+        method, cfg = preset(name, run_cfg, store)
         drafters[name] = get_method(method)(
             cfg, vocab_size=loaded.vocab_size, seed=0, tokenizer=loaded.tokenizer
         )
+        if getattr(cfg, "_store_path", None):
+            print(f"  {name} reads {store_facts(cfg._store_path)}")
 
     def once(name, ids, n):
         if name == "hf_pld":
@@ -113,9 +146,11 @@ def report(dtype: str, dataset: str, tallies: dict[str, Tally]) -> None:
         )
         decode_steps = t.steps - t.n
         overhead = f"{1000 * t.draft_s / decode_steps:6.2f}" if decode_steps > 0 and t.steps else "     -"
+        lookup = f"{1000 * t.lookup_s / decode_steps:6.2f}" if decode_steps > 0 and t.lookup_s else "     -"
         speedup = (base.seconds / base.tokens) / (t.seconds / t.tokens)  # per-token time ratio
         print(
-            f"{dtype:9} {dataset:10} {name:17} {tau} {speedup:6.2f}x {mac} {mic} {overhead}  {t.match}/{t.n}"
+            f"{dtype:9} {dataset:10} {name:30} {tau} {speedup:6.2f}x {mac} {mic} {overhead} {lookup}"
+            f"  {t.match}/{t.n}"
         )
 
 
@@ -128,7 +163,9 @@ def main() -> None:
     ap.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, help="method presets from conf/method/")
     ap.add_argument("--prompts", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--stores", nargs="*", default=[], help="DATASET=STORE: the store retrieval presets read")
     args = ap.parse_args()
+    stores = {**DEFAULT_STORES, **dict(item.split("=", 1) for item in args.stores)}
 
     paths = dict(item.split("=", 1) for item in args.data)
     hardware_cfg = OmegaConf.load(CONF_DIR / "hardware" / "cpu.yaml")
@@ -139,8 +176,8 @@ def main() -> None:
     )
     print("speedup = autoregressive time per token / method time per token, same prompts, same process")
     print(
-        f"{'dtype':9} {'dataset':10} {'method':17} {'τ':>5} {'speedup':>7} {'Mac-TP':>7} {'Mic-TP':>7} "
-        f"{'ms/stp':>6}  same as AR"
+        f"{'dtype':9} {'dataset':10} {'method':30} {'τ':>5} {'speedup':>7} {'Mac-TP':>7} {'Mic-TP':>7} "
+        f"{'ms/stp':>6} {'lookup':>6}  same as AR"
     )
     for dtype in args.dtypes:
         loaded = load_model(OmegaConf.merge(model_cfg, {"dtype": dtype}), hardware_cfg)
@@ -157,7 +194,15 @@ def main() -> None:
             samples = select(ddef.load(ds_cfg), limit=args.prompts, offset=0, shuffle=False, seed=0)
             chat = bool(model_cfg.get("chat", True))
             prompts = [ddef.build_prompt(loaded.tokenizer, s, 0, [], ds_cfg, chat) for s in samples]
-            report(dtype, name, bench(loaded, prompts, args.methods, args.max_new_tokens))
+            run_cfg = OmegaConf.create(
+                {"model": model_cfg, "dataset": ds_cfg, "limit": args.prompts, "offset": 0, "seed": 0}
+            )
+            try:
+                tallies = bench(loaded, prompts, args.methods, args.max_new_tokens, run_cfg, stores.get(name))
+            except ConfigError as err:  # a store that is missing or overlaps these prompts
+                print(f"(skipping {name}: {err})")
+                continue
+            report(dtype, name, tallies)
 
 
 if __name__ == "__main__":
