@@ -154,6 +154,10 @@ class VerifyResult:
     # logits of the auxiliary nodes: [n_aux, vocab], or one row per draft.aux_logit_rows entry
     aux_logits: torch.Tensor | None = None
     root_logits: torch.Tensor | None = None  # [vocab] logits after the root (for drafters that want them)
+    # [1 + n_guesses, vocab]: the rows the acceptance rule read (row 0 follows the root, row 1 + i
+    # follows guess i), a view of the forward's output, not a copy. Drafters that learn from the
+    # target's predictions at every guess (Token Recycling) read it.
+    logits: torch.Tensor | None = None
 
     @property
     def n_accepted(self) -> int:
