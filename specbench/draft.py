@@ -33,6 +33,12 @@ SOURCE_FWD = "fwd_dict"  # SPECTRA forward dictionary
 SOURCE_BWD = "bwd_dict"  # SPECTRA backward dictionary
 SOURCE_RETRIEVAL = "retrieval"  # an external datastore (REST, SPECTRA-RETRIEVAL)
 SOURCE_MODEL = "draft_model"  # a draft language model
+SOURCE_RECYCLE = "recycle"  # candidates the target proposed earlier (Token Recycling's matrix)
+SOURCE_HISTORY = "history"  # earlier outputs of the same run (SuffixDecoding's global tree)
+
+# How long what a drafter learns is kept (a method's ``memory`` setting): one generation (a turn),
+# every turn of a sample, or the whole run. See Drafter.begin_sample and Drafter.reset.
+MEMORY_SCOPES = ("turn", "sample", "run")
 
 
 @dataclass
@@ -213,6 +219,14 @@ class Drafter:
 
     def start(self, prompt_ids: list[int]) -> None:
         """A new generation begins (each sample and each turn)."""
+
+    def begin_sample(self) -> None:
+        """A new sample begins; its turns follow as generations. The runner calls it before a
+        sample's first turn, so that per-sample memory can be forgotten."""
+
+    def reset(self) -> None:
+        """Forget everything learned so far. The runner calls it after the warm-up generations,
+        so that a run-long memory starts empty at the first recorded sample."""
 
     @classmethod
     def preflight(cls, config: Any, run_cfg: Any) -> None:
