@@ -344,6 +344,20 @@ def _weights_source(cfg: dict) -> tuple[str | Path, dict, str]:
     return converted, {}, "gguf"
 
 
+def load_tokenizer(model_cfg) -> transformers.PreTrainedTokenizerBase:
+    """The model's tokenizer alone (for building datastores): no weights are loaded, except that a GGUF
+    file is converted once (as :func:`load_model` would) when no converted copy exists yet."""
+    model_config_check(model_cfg)
+    cfg = _plain(model_cfg)
+    if cfg.get("tiny"):
+        return build_tiny_tokenizer(int(cfg["tiny"].get("vocab_size", 128)))
+    src, kw, _ = _weights_source(cfg)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(src, **kw)
+    if cfg.get("chat_template"):
+        tokenizer.chat_template = cfg["chat_template"]
+    return tokenizer
+
+
 def load_model(model_cfg, hardware_cfg=None) -> LoadedModel:
     """Load a model and its tokenizer as ``model_cfg`` describes: eval mode, on the configured device.
 
