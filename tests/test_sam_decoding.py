@@ -153,5 +153,19 @@ def test_sampling_preserves_the_target_distribution(params):
 def test_greedy_lossless_on_smollm2(smollm2):
     target = Target(smollm2.model)
     d = SAMDecoding(SAMDecodingConfig(tree="cpu"), vocab_size=smollm2.vocab_size)
-    rec = assert_greedy_lossless(target, lambda: d, [chat(smollm2, CODE_EDIT)], 128, eos=smollm2.eos_token_ids)[0]
+    rec = assert_greedy_lossless(target, lambda: d, [chat(smollm2, CODE_EDIT)], 96, eos=smollm2.eos_token_ids)[0]
     assert rec.steps < rec.new_tokens and rec.accepted_by_source[SOURCE_PROMPT] > 0
+
+
+def test_preflight_names_the_build_command_before_the_model_loads(tmp_path, hand_store, monkeypatch):
+    from tests.test_config import make_cfg
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    run_cfg = make_cfg("method=sam_decoding", "model=tiny-llama", "method.datastore=nostore")
+    with pytest.raises(ConfigError, match="make datastore MODEL=tiny-llama SOURCE=nostore") as err:
+        SAMDecoding.preflight(SAMDecodingConfig(datastore="nostore"), run_cfg)
+    assert "\n" not in str(err.value)
+    cfg = SAMDecodingConfig(datastore=str(hand_store))
+    SAMDecoding.preflight(cfg, run_cfg)  # a path: found, and the drafter reads it from there
+    assert SAMDecoding(cfg, vocab_size=40).static.tokens[:3] == [20, 21, 22]
+    SAMDecoding.preflight(SAMDecodingConfig(), run_cfg)  # no store: nothing to check

@@ -210,5 +210,5 @@ def test_sampling_preserves_the_target_distribution(params):
 def test_greedy_lossless_on_smollm2(smollm2):
     target = Target(smollm2.model)
     d = SuffixDecoding(SuffixConfig(max_spec_tokens=12), vocab_size=smollm2.vocab_size)
-    rec = assert_greedy_lossless(target, lambda: d, [chat(smollm2, CODE_EDIT)], 128, eos=smollm2.eos_token_ids)[0]
+    rec = assert_greedy_lossless(target, lambda: d, [chat(smollm2, CODE_EDIT)], 96, eos=smollm2.eos_token_ids)[0]
     assert rec.steps < rec.new_tokens

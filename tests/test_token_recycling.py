@@ -19,7 +19,7 @@ from specbench.sampling import SamplingParams
 from specbench.verify import Target
 from tests.conftest import CONF
 from tests.lossless import (
-    LONG,
+    CODE_EDIT,
     assert_eos_inside_accepted_run,
     assert_greedy_lossless,
     assert_max_new_tokens_cuts_accepted_runs,
@@ -204,7 +204,9 @@ def test_sampling_preserves_the_target_distribution(params):
 def test_greedy_lossless_on_smollm2(smollm2):
     target = Target(smollm2.model)
     d = TokenRecycling(TokenRecyclingConfig(tree="cpu"), vocab_size=smollm2.vocab_size)
-    rec = assert_greedy_lossless(target, lambda: d, [chat(smollm2, LONG)], 128)[0]
+    prompt = chat(smollm2, CODE_EDIT)  # the same prompt and length as the other methods' (one reference)
+    assert_greedy_lossless(target, lambda: d, [prompt], 96, eos=smollm2.eos_token_ids)  # warms the matrix
+    rec = assert_greedy_lossless(target, lambda: d, [prompt], 96, eos=smollm2.eos_token_ids)[0]
     assert rec.steps < rec.new_tokens and rec.accepted_by_source[SOURCE_RECYCLE] > 0
 
 
