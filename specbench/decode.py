@@ -78,12 +78,15 @@ def generate(
         past_len = cache.get_seq_length()
         logits = target.forward_draft(seq[-1], draft, cache)
         n = len(draft.tokens)
-        path, tokens = accept(draft, logits[: 1 + n], sampling, generator)
+        rows = logits[: 1 + n]
+        path, tokens = accept(draft, rows, sampling, generator)
         target.compact(cache, past_len, path)
         target.sync()
         verified = perf_counter()
         aux_logits = logits[1 + n :] if draft.n_aux else None
-        drafter.update(VerifyResult(path, tokens, draft, aux_logits=aux_logits, root_logits=logits[0]))
+        drafter.update(
+            VerifyResult(path, tokens, draft, aux_logits=aux_logits, root_logits=logits[0], logits=rows)
+        )
         end = perf_counter()
 
         kept = _commit(record, tokens, eos, max_new_tokens)

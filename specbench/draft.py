@@ -33,6 +33,12 @@ SOURCE_FWD = "fwd_dict"  # SPECTRA forward dictionary
 SOURCE_BWD = "bwd_dict"  # SPECTRA backward dictionary
 SOURCE_RETRIEVAL = "retrieval"  # an external datastore (REST, SPECTRA-RETRIEVAL)
 SOURCE_MODEL = "draft_model"  # a draft language model
+SOURCE_RECYCLE = "recycle"  # candidates the target proposed earlier (Token Recycling's matrix)
+SOURCE_HISTORY = "history"  # earlier outputs of the same run (SuffixDecoding's global tree)
+
+# How long what a drafter learns is kept (a method's ``memory`` setting): one generation (a turn),
+# every turn of a sample, or the whole run. See Drafter.begin_sample and Drafter.reset.
+MEMORY_SCOPES = ("turn", "sample", "run")
 
 
 @dataclass
@@ -154,6 +160,10 @@ class VerifyResult:
     # logits of the auxiliary nodes: [n_aux, vocab], or one row per draft.aux_logit_rows entry
     aux_logits: torch.Tensor | None = None
     root_logits: torch.Tensor | None = None  # [vocab] logits after the root (for drafters that want them)
+    # [1 + n_guesses, vocab]: the rows the acceptance rule read (row 0 follows the root, row 1 + i
+    # follows guess i), a view of the forward's output, not a copy. Drafters that learn from the
+    # target's predictions at every guess (Token Recycling) read it.
+    logits: torch.Tensor | None = None
 
     @property
     def n_accepted(self) -> int:
@@ -212,6 +222,14 @@ class Drafter:
 
     def start(self, prompt_ids: list[int]) -> None:
         """A new generation begins (each sample and each turn)."""
+
+    def begin_sample(self) -> None:
+        """A new sample begins; its turns follow as generations. The runner calls it before a
+        sample's first turn, so that per-sample memory can be forgotten."""
+
+    def reset(self) -> None:
+        """Forget everything learned so far. The runner calls it after the warm-up generations,
+        so that a run-long memory starts empty at the first recorded sample."""
 
     @classmethod
     def preflight(cls, config: Any, run_cfg: Any) -> None:

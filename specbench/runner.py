@@ -160,6 +160,9 @@ def run(cfg: DictConfig) -> Any:
                     generator=_generator(cfg.seed, "warmup", 0),
                 )
 
+    for d in drafters.values():  # warm-up generations teach a drafter nothing that is recorded
+        d.reset()
+
     bar = tqdm(
         total=n_gen,
         initial=n_done,
@@ -170,6 +173,7 @@ def run(cfg: DictConfig) -> Any:
     )
     for sample, name in todo:
         answers: list[str] = []
+        drafters[name].begin_sample()
         for turn in range(len(sample.turns)):
             key = (sample.sample_id, turn, name)
             recorded = writer.recorded(key)  # also sees rows that concurrent jobs of this run wrote

@@ -70,3 +70,33 @@ def test_a_node_two_sources_proposed_counts_for_both():
     assert rec.accepted_by_source == {"a": steps, "b": steps}
     assert rec.accepted_by_position == {1: steps}
     assert rec.step_lookup_s == [0.0] + [0.25] * steps
+
+
+class Recorder(RandomTree):
+    """RandomTree that keeps every VerifyResult it is given."""
+
+    def __init__(self, rng):
+        super().__init__(rng)
+        self.results = []
+
+    def update(self, result):
+        self.results.append(result)
+
+
+def test_update_gets_the_logits_of_the_root_and_every_guess():
+    from specbench.decode import generate
+    from tests.lossless import BigramTarget
+
+    target = BigramTarget()
+    drafter = Recorder(np.random.default_rng(2))
+    generate(target, drafter, [1, 2, 3], max_new_tokens=12)
+    assert drafter.results
+    for res in drafter.results:
+        n = len(res.draft.tokens)
+        assert res.logits.shape == (1 + n, SMALL_VOCAB)
+        # the bigram target's row after a node is its token's row; the root's is the root token's
+        root = res.root_logits
+        assert np.allclose(res.logits[0].numpy(), root.numpy())
+        for i, tok in enumerate(res.draft.tokens):
+            assert np.allclose(res.logits[1 + i].numpy(), target.table[tok].numpy())
+        assert res.aux_logits.shape[0] == res.draft.n_aux  # aux rows stay apart

@@ -172,3 +172,33 @@ def test_job_stops_before_work_when_its_results_file_is_unreadable(tmp_path):
     (line,) = err.strip().splitlines()
     assert line.startswith("error: results file") and "move it aside" in line
     assert victim.read_bytes() == b"PAR1 not really"
+
+
+@register_method
+class HookLog(Drafter):
+    """Test drafter: logs the runner's lifecycle calls (class-level, the runner builds the instance)."""
+
+    name = "test_hook_log"
+    Config = RepeatConfig
+    calls: list[str] = []
+
+    def reset(self):
+        self.calls.append("reset")
+
+    def begin_sample(self):
+        self.calls.append("sample")
+
+    def start(self, prompt_ids):
+        self.calls.append("start")
+
+
+def test_runner_forgets_the_warm_up_and_announces_each_sample(tmp_path):
+    HookLog.calls.clear()
+    run(cfg_for(tmp_path, "method=autoregressive", "method.name=test_hook_log", "limit=3", "warmup=1"))
+    df = load_results(tmp_path)
+    turns = df[df.method == "test_hook_log"].groupby("sample_id").size().tolist()  # recorded turns per sample
+    log = "".join({"reset": "R", "sample": "S", "start": "s"}[c] for c in HookLog.calls)
+    assert log.startswith("sR")  # the warm-up generation, then everything it taught is forgotten
+    per_sample = log[2:].split("S")  # then each sample announced before its turns
+    assert per_sample[0] == "" and sorted(len(x) for x in per_sample[1:]) == sorted(turns)
+    assert set("".join(per_sample)) == {"s"}

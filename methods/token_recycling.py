@@ -1,0 +1,97 @@
+"""Token Recycling (Luo et al. 2024, "Turning Trash into Treasure"): the target's own candidates, recycled.
+
+Every forward computes the target's next-token distribution after the root and
+after every guess; speculative decoding keeps one token of each and throws the
+rest away. Token Recycling keeps the top-k (k = 8) of every such row in a
+candidate matrix (``specbench.recycling.CandidateMatrix``: token -> its latest
+candidates, overwritten by each forward) and each step fills a static
+breadth-first tree template from it, starting at the root: the root's
+candidates, their candidates, and so on, with more children and depth for the
+higher ranks. The tree is verified in one forward, whose logits update the
+matrix again (all rows: root, accepted and rejected guesses alike).
+
+Reading choices:
+
+* **Template.** ``tree: paper`` is the paper's 80-node, 6-level tree (its
+  "2.2.2"); ``tree: cpu`` is a 16-node corner of it for CPUs, where a forward's
+  cost grows with its token count.
+* **Empty rows.** A token the target has not yet been run on has no
+  candidates and its branch is pruned (the paper starts from an all-zero
+  matrix, i.e. proposes token 0 there).
+* **Duplicates.** A token occurring twice in one forward keeps its last
+  occurrence's candidates (the paper's "last" variant; its CUDA scatter leaves
+  the merge unspecified).
+* **Memory.** ``memory: run`` (the paper's "hot start": each query inherits the
+  matrix of the previous one), ``sample`` (forgotten between samples, kept
+  across a sample's turns) or ``turn`` (every generation starts empty). The
+  warm-up generations are forgotten in every case. The prefill's logits are not
+  seen (the core does not hand them to drafters), so the first step's root
+  has candidates only if an earlier generation left them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specbench.draft import MEMORY_SCOPES, SOURCE_RECYCLE, DecodeState, Draft, Drafter, VerifyResult
+from specbench.recycling import TREES, CandidateMatrix, TreeTemplate
+from specbench.registry import register_method
+
+
+@dataclass
+class TokenRecyclingConfig:
+    topk: int = 8  # candidates kept per token (k)
+    tree: str = "paper"  # static template: paper (80 nodes, 6 levels) | cpu (16 nodes, 5 levels)
+    memory: str = "run"  # how long the matrix lives: turn | sample | run (the paper's hot start)
+
+    def validate(self) -> None:
+        if self.topk < 1:
+            raise ValueError(f"token_recycling: topk must be >= 1, got {self.topk}")
+        if self.tree not in TREES:
+            raise ValueError(f"token_recycling: tree must be one of {', '.join(TREES)}, got '{self.tree}'")
+        if self.memory not in MEMORY_SCOPES:
+            raise ValueError(
+                f"token_recycling: memory must be one of {', '.join(MEMORY_SCOPES)}, got '{self.memory}'"
+            )
+        need = TreeTemplate(TREES[self.tree]).max_rank
+        if need > self.topk:
+            raise ValueError(f"token_recycling: tree '{self.tree}' reads rank {need - 1}; topk must be >= {need}")
+
+
+@register_method
+class TokenRecycling(Drafter):
+    name = "token_recycling"
+    Config = TokenRecyclingConfig
+
+    def __init__(
+        self, config: TokenRecyclingConfig | None = None, *, vocab_size: int, seed: int = 0, tokenizer=None
+    ):
+        config = config or TokenRecyclingConfig()
+        config.validate()
+        super().__init__(config, vocab_size=vocab_size, seed=seed, tokenizer=tokenizer)
+        self.template = TreeTemplate(TREES[config.tree])
+        self.matrix = CandidateMatrix(vocab_size, config.topk)
+        self.root = -1
+
+    def reset(self) -> None:
+        self.matrix.clear()
+
+    def begin_sample(self) -> None:
+        if self.config.memory != "run":
+            self.matrix.clear()
+
+    def start(self, prompt_ids: list[int]) -> None:
+        if self.config.memory == "turn":
+            self.matrix.clear()
+
+    def propose(self, state: DecodeState) -> Draft | None:
+        self.root = state.tokens[-1]
+        if state.max_depth < 1:
+            return None
+        tokens, parents = self.template.fill(self.matrix, self.root, state.max_depth)
+        if not tokens:
+            return None
+        return Draft(tokens=tokens, parents=parents, sources=[SOURCE_RECYCLE] * len(tokens))
+
+    def update(self, result: VerifyResult) -> None:
+        self.matrix.update([self.root, *result.draft.tokens], result.logits)
