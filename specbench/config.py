@@ -37,6 +37,14 @@ def check_overrides(overrides: list[str]) -> None:
                 raise ConfigError(suggest(key, value, choices, f"Pick one with {key}=<name>."))
 
 
+def model_preset(name: str) -> DictConfig:
+    """``conf/model/<name>.yaml`` (a draft model is named like a target), or a "did you mean" error."""
+    choices = group_choices("model")
+    if name not in choices:
+        raise UnknownNameError(suggest("model", name, choices, "Name a preset from conf/model/."))
+    return OmegaConf.load(CONF_DIR / "model" / f"{name}.yaml")
+
+
 def method_params(cfg: DictConfig) -> dict[str, Any]:
     params = OmegaConf.to_container(cfg.method, resolve=True)
     params.pop("name", None)

@@ -73,6 +73,7 @@ def generate(
         draft = drafter.propose(DecodeState(seq, len(prompt_ids), max_new_tokens, step))
         if draft is None:
             draft = _EMPTY
+        target.sync()  # a draft model's kernels count as draft time, not forward time
         proposed = perf_counter()
         past_len = cache.get_seq_length()
         logits = target.forward_draft(seq[-1], draft, cache)
@@ -83,6 +84,7 @@ def generate(
         verified = perf_counter()
         aux_logits = logits[1 + n :] if draft.n_aux else None
         drafter.update(VerifyResult(path, tokens, draft, aux_logits=aux_logits, root_logits=logits[0]))
+        target.sync()
         end = perf_counter()
 
         kept = _commit(record, tokens, eos, max_new_tokens)
