@@ -15,7 +15,7 @@ STAMP       := $(VENV)/.specbench-installed
 PYTEST      := $(PY) -m pytest -p no:cacheprovider
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo smoke test test-slow test-all lint bench clean
+.PHONY: help setup demo smoke test test-slow test-all lint bench train-acceptance-head clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-11s %s\n", $$1, $$2}'
@@ -50,6 +50,11 @@ lint: setup ## ruff
 bench: setup ## side-by-side speed benchmarks (bench/README.md); DATA_DIR=<dir with gsm8k_test.jsonl> adds GSM8K
 	$(PY) bench/baseline.py
 	$(PY) bench/compare.py $(if $(DATA_DIR),--data gsm8k=$(DATA_DIR)/gsm8k_test.jsonl)
+	$(PY) bench/draft_models.py
+
+MODEL ?= smollm2-135m
+train-acceptance-head: setup ## train SpecDec++'s acceptance head for MODEL (default smollm2-135m) with its self-draft; ARGS=... for more
+	$(PY) -m specbench.acceptance_head model=$(MODEL) method=specdec_pp $(ARGS)
 
 clean: ## remove caches and Hydra output folders (keeps results/ and .venv)
 	rm -rf outputs multirun .pytest_cache .ruff_cache
