@@ -252,3 +252,25 @@ def test_greedy_lossless_self_draft_on_smollm2(smollm2):
                                   eos=smollm2.eos_token_ids)
     recs += assert_greedy_lossless(target, lambda: sps(smollm2, k=3), [chat(smollm2, LONG)], 128)
     assert all(r.steps < r.new_tokens for r in recs)  # the self-draft's guesses are accepted
+
+
+# ---------------------------------------------------------------- through the runner
+
+
+def test_run_with_a_separate_draft_model_preset(tmp_path):
+    from specbench.runner import run
+    from tests.test_runner import cfg_for
+
+    summary = run(cfg_for(tmp_path, "method=sps", "method.draft_model=tiny-llama-draft",
+                          "method.self_first_layers=null"))
+    row = summary.set_index("method").loc["sps"]
+    assert row.greedy_match == 1.0
+
+
+def test_run_with_an_unknown_draft_fails_before_the_model_loads(tmp_path, monkeypatch):
+    from specbench import runner
+    from tests.test_runner import cfg_for
+
+    monkeypatch.setattr(runner, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    with pytest.raises(UnknownNameError, match="unknown model 'tiny-lama-draft'"):
+        runner.run(cfg_for(tmp_path, "method=sps", "method.draft_model=tiny-lama-draft"))
