@@ -58,7 +58,7 @@ class DraftModelSettings:
     """
 
     draft_model: str = SELF
-    self_first_layers: int | None = 8
+    self_first_layers: int | None = 6
     self_skip_layers: list[int] | None = None
 
     def validate(self) -> None:
