@@ -4,13 +4,13 @@ On the same prompts, in one process, after one un-recorded warm-up each, with
 the run order rotating from prompt to prompt:
 
 * ``autoregressive`` (the baseline every speedup divides);
-* ``sps K=k`` for each ``--ks``: self-draft (the target's first
-  ``--self-first-layers`` layers) speculative sampling with a fixed length;
+* ``sps K=k`` for each ``--ks``: self-draft speculative sampling with a fixed
+  length (the layers of the ``sps`` preset, or the first ``--self-first-layers``);
 * ``specdec_pp``: the same draft with the trained acceptance head (skipped,
   with the training command, when no head exists for the pair);
 * transformers' assisted generation with the same draft (a model object that
   shares the target's embedding, first layers, norm and LM head: no weights
-  copied): ``hf const K=k`` (``num_assistant_tokens_schedule="constant"`` at the
+  copied, the same layers kept): ``hf const K=k`` (``num_assistant_tokens_schedule="constant"`` at the
   best fixed K of our sps), ``hf heuristic`` (starts at 20, +2 after a full
   match, −1 otherwise; reset before each prompt), and ``hf confidence``
   (``assistant_confidence_threshold=0.4``, at most 20 tokens: the draft stops
@@ -49,16 +49,17 @@ from specbench.registry import build_method_config, get_method
 from specbench.verify import Target
 
 
-def truncated_assistant(model: torch.nn.Module, layers: int) -> torch.nn.Module:
-    """A model object over the target's first ``layers`` layers, sharing every weight (for ``generate``)."""
+def layer_skipping_assistant(model: torch.nn.Module, kept: list[int]) -> torch.nn.Module:
+    """A model object running only the target's ``kept`` layers, sharing every weight (for ``generate``).
+
+    The config keeps the target's layer count, so that the assistant's cache has a slot for every
+    original layer index (a kept layer writes to its own index); the forward runs the kept layers only.
+    """
     config = copy.deepcopy(model.config)
-    config.num_hidden_layers = layers
-    if getattr(config, "layer_types", None):
-        config.layer_types = config.layer_types[:layers]
     with torch.device("meta"):
         assistant = type(model)(config)
     assistant.model.embed_tokens = model.model.embed_tokens
-    assistant.model.layers = torch.nn.ModuleList(model.model.layers[:layers])
+    assistant.model.layers = torch.nn.ModuleList(model.model.layers[i] for i in kept)
     assistant.model.norm = model.model.norm
     assistant.model.rotary_emb = model.model.rotary_emb
     assistant.lm_head = model.lm_head
@@ -84,7 +85,7 @@ class Tally:
             self.step_s += sum(rec.step_times)
 
 
-def bench(loaded, prompts, ks: list[int], first_layers: int, max_new: int) -> dict[str, Tally]:
+def bench(loaded, prompts, ks: list[int], layers: dict, max_new: int) -> dict[str, Tally]:
     target = Target(loaded.model)
     eos = loaded.eos_token_ids
     context = DrafterContext(target_model=loaded.model, target_name=loaded.name, device=loaded.device,
@@ -96,14 +97,14 @@ def bench(loaded, prompts, ks: list[int], first_layers: int, max_new: int) -> di
 
     ours = {"autoregressive": drafter("autoregressive")}
     for k in ks:
-        ours[f"sps K={k}"] = drafter("sps", self_first_layers=first_layers, k=k)
+        ours[f"sps K={k}"] = drafter("sps", **layers, k=k)
     try:
-        ours["specdec_pp"] = drafter("specdec_pp", self_first_layers=first_layers)
+        ours["specdec_pp"] = drafter("specdec_pp", **layers)
     except ConfigError:
-        settings = build_method_config("specdec_pp", {"self_first_layers": first_layers})
+        settings = build_method_config("specdec_pp", layers)
         print(f"(specdec_pp skipped: no head for {loaded.name}; train one with "
               f"`{train_command(loaded.name, settings)}`)")
-    assistant = truncated_assistant(loaded.model, first_layers)
+    assistant = layer_skipping_assistant(loaded.model, ours["sps K=" + str(ks[0])].lm.layers)
     hf = {}  # name -> assistant generation settings (filled once the best fixed K is known)
 
     def once(name, ids, n):
@@ -166,7 +167,11 @@ def main() -> None:
     args = ap.parse_args()
 
     preset = OmegaConf.load(CONF_DIR / "method" / "sps.yaml")
-    first = args.self_first_layers or int(preset.self_first_layers)
+    layers = {"self_first_layers": preset.self_first_layers, "self_skip_layers": preset.self_skip_layers}
+    if args.self_first_layers:
+        layers = {"self_first_layers": args.self_first_layers, "self_skip_layers": None}
+    layers = OmegaConf.to_container(OmegaConf.create(layers))
+    which = build_method_config("sps", layers).identity()
     hardware_cfg = OmegaConf.load(CONF_DIR / "hardware" / "cpu.yaml")
     model_cfg = OmegaConf.load(CONF_DIR / "model" / f"{args.model}.yaml")
     ds_cfg = OmegaConf.load(CONF_DIR / "dataset" / f"{args.dataset}.yaml")
@@ -174,8 +179,8 @@ def main() -> None:
     ddef.check_available(ds_cfg)
     samples = select(ddef.load(ds_cfg), limit=args.prompts, offset=0, shuffle=False, seed=0)
     sklearn = importlib.util.find_spec("sklearn") is not None
-    print(f"machine: {environment_info('cpu')['device_name']}; model {args.model}; self-draft: first {first} "
-          f"layers; {len(samples)} {args.dataset} prompts, up to {args.max_new_tokens} new tokens, greedy")
+    print(f"machine: {environment_info('cpu')['device_name']}; model {args.model}; self-draft {which};"
+          f" {len(samples)} {args.dataset} prompts, up to {args.max_new_tokens} new tokens, greedy")
     print("speedup = autoregressive time per token / method time per token, same prompts, same process; "
           f"hf confidence threshold {'adapted (scikit-learn present)' if sklearn else 'fixed at 0.4 (no scikit-learn)'}")
     print(f"{'dtype':9} {'method':17} {'τ':>5} {'acc':>5} {'speedup':>7} {'draft':>5}  same as AR")
@@ -183,7 +188,7 @@ def main() -> None:
         loaded = load_model(OmegaConf.merge(model_cfg, {"dtype": dtype}), hardware_cfg)
         chat = bool(model_cfg.get("chat", True))
         prompts = [ddef.build_prompt(loaded.tokenizer, s, 0, [], ds_cfg, chat) for s in samples]
-        report(dtype, bench(loaded, prompts, args.ks, first, args.max_new_tokens))
+        report(dtype, bench(loaded, prompts, args.ks, layers, args.max_new_tokens))
 
 
 if __name__ == "__main__":

@@ -22,15 +22,15 @@ Which draft, ``draft_model``:
   (presets ``conf/method/sps-*.yaml``);
 * ``self`` (default, the only choice with one model): the target's first
   ``self_first_layers`` layers plus its final norm and LM head, or the target
-  without ``self_skip_layers``. The default keeps 6 of SmolLM2's 30 layers.
-  Measured on SmolLM2-135M (fp32, 8 prompts, teacher-forced on the target's
-  greedy answers), no layer choice pays off: truncating to the first k
-  layers gives α (greedy) 0.07-0.15 for k = 4-15, 0.22 at 20, 0.44 at 24,
-  and keeping late layers after skipped middle ones is worse (α ≈ 0). The
-  expected speedup of Leviathan et al. with the cost ratio taken from
-  parameter counts (the LM head weighs as much as ~8 layers) is highest,
-  about 0.8, for the cheapest drafts: 4 and 6 layers tie (0.81, 0.80) and 6
-  has the higher α (0.10). Other models need their own measurement (table
+  without ``self_skip_layers`` (used when ``self_first_layers`` is null).
+  The default skips layers 12-15 of SmolLM2's 30. Measured on SmolLM2-135M
+  (fp32, 8 prompts, teacher-forced on the target's greedy answers), no layer
+  choice pays off there: the first k layers agree with the target's argmax
+  on 0.07-0.15 of positions for k = 4-15 and 0.66 at 29; keeping late layers
+  after many skipped ones is worse still; skipping 12-15 agrees on 0.70
+  (α at T = 1: 0.61). Its expected speedup (Leviathan et al., cost ratio
+  from parameter counts: the LM head weighs as much as ~8 layers) is the
+  highest measured, 0.90. Other models need their own measurement (table
   in the README, "Draft-model methods").
 
 Drafts are chains (never trees of i.i.d. siblings); ``k`` is capped by the

@@ -62,6 +62,8 @@ def test_presets_hold_valid_configs():
     assert params.pop("name") == "sps" and get_method("sps") is SpeculativeSampling
     assert build_method_config("sps", params) == SpSConfig()
     assert SpSConfig().k == 5 and SpSConfig().draft_model == "self"
+    assert SpSConfig().identity() == "self-skip12-13-14-15"
+    assert SpSConfig(self_first_layers=3).identity() == "self-first3"  # the first layers win when set
     for path in sorted((CONF / "method").glob("sps-*.yaml")):
         params = OmegaConf.to_container(OmegaConf.load(path))
         params.pop("name")
@@ -72,8 +74,8 @@ def test_presets_hold_valid_configs():
 
 @pytest.mark.parametrize(
     "bad",
-    [dict(k=0), dict(self_first_layers=0), dict(self_first_layers=None),
-     dict(self_first_layers=4, self_skip_layers=[1])],
+    [dict(k=0), dict(self_first_layers=0), dict(self_first_layers=None, self_skip_layers=None),
+     dict(self_skip_layers=[-1])],
 )
 def test_bad_settings_are_rejected(bad):
     with pytest.raises(ValueError, match="sps|self-draft"):
@@ -248,9 +250,9 @@ def test_sampling_keeps_the_target_distribution(params, draft):
 
 def test_greedy_lossless_self_draft_on_smollm2(smollm2):
     target = Target(smollm2.model)
-    recs = assert_greedy_lossless(target, lambda: sps(smollm2), [chat(smollm2, CODE_EDIT)], 128,
+    recs = assert_greedy_lossless(target, lambda: sps(smollm2), [chat(smollm2, CODE_EDIT)], 64,
                                   eos=smollm2.eos_token_ids)
-    recs += assert_greedy_lossless(target, lambda: sps(smollm2, k=3), [chat(smollm2, LONG)], 128)
+    recs += assert_greedy_lossless(target, lambda: sps(smollm2, self_first_layers=6, k=3), [chat(smollm2, LONG)], 48)
     assert all(r.steps < r.new_tokens for r in recs)  # the self-draft's guesses are accepted
 
 
