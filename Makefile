@@ -15,7 +15,7 @@ STAMP       := $(VENV)/.specbench-installed
 PYTEST      := $(PY) -m pytest -p no:cacheprovider
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo smoke smoke-experiments test test-slow test-all lint bench bench-stores bench-retrieval clean \
+.PHONY: help setup demo smoke smoke-experiments test test-slow test-all lint bench bench-stores bench-retrieval clean train-acceptance-head \
         datastore datastore-refine table1 table2 table3 table4 table5 table6 table7 figures report reproduce-cpu
 
 # Paper reproduction. Sweeps write <RESULTS>/<experiment>/; reports go to <REPORTS>/ (Markdown, LaTeX,
@@ -87,6 +87,11 @@ RETRIEVAL_BENCH ?= pld lookahead-cpu spectra_core-cpu rest-cpu spectra_retrieval
 bench: setup bench-retrieval ## side-by-side speed benchmarks (bench/README.md); DATA_DIR=<dir with gsm8k_test.jsonl> adds GSM8K
 	$(PY) bench/baseline.py
 	$(PY) bench/compare.py $(if $(DATA_DIR),--data gsm8k=$(DATA_DIR)/gsm8k_test.jsonl)
+	$(PY) bench/draft_models.py
+
+MODEL ?= smollm2-135m
+train-acceptance-head: setup ## train SpecDec++'s acceptance head for MODEL (default smollm2-135m) with its self-draft; ARGS=... for more
+	$(PY) -m specbench.acceptance_head model=$(MODEL) method=specdec_pp $(ARGS)
 
 bench-stores: setup ## SmolLM2's stores for the retrieval benchmark (standard library, its refined copy, model answers)
 	$(PY) -m specbench.datastore info --store stdlib >/dev/null 2>&1 || $(PY) -m specbench.datastore build --source stdlib

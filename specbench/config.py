@@ -134,6 +134,14 @@ def _check_numbers(cfg: DictConfig) -> None:
         _number(cfg.hardware, "num_threads", int, minimum=1, what="a positive number of threads (or null)")
 
 
+def model_preset(name: str) -> DictConfig:
+    """``conf/model/<name>.yaml`` (a draft model is named like a target), or a "did you mean" error."""
+    choices = group_choices("model")
+    if name not in choices:
+        raise UnknownNameError(suggest("model", name, choices, "Name a preset from conf/model/."))
+    return OmegaConf.load(CONF_DIR / "model" / f"{name}.yaml")
+
+
 def method_params(cfg: DictConfig) -> dict[str, Any]:
     params = OmegaConf.to_container(cfg.method, resolve=True)
     params.pop("name", None)

@@ -74,6 +74,7 @@ def generate(
         draft = drafter.propose(DecodeState(seq, len(prompt_ids), max_new_tokens, step))
         if draft is None:
             draft = _EMPTY
+        target.sync()  # a draft model's kernels count as draft time, not forward time
         proposed = perf_counter()
         past_len = cache.get_seq_length()
         logits = target.forward_draft(seq[-1], draft, cache)
@@ -87,6 +88,7 @@ def generate(
         drafter.update(
             VerifyResult(path, tokens, draft, aux_logits=aux_logits, root_logits=logits[0], logits=rows)
         )
+        target.sync()
         end = perf_counter()
 
         kept = _commit(record, tokens, eos, max_new_tokens)

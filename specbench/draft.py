@@ -15,10 +15,17 @@ A step verifies ``[root] + guesses + auxiliary`` in one forward pass, where
   the cache.
 
 An empty draft is a normal answer: the step is plain autoregressive decoding.
+
+Drafts sampled from a draft model (``draft_probs`` set) are kept as chains:
+two siblings drawn i.i.d. from the same ``q`` are two guesses, never one, so
+:meth:`Draft.from_sequences` (which merges equal prefixes) is for
+deterministic guesses only.
 """
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -91,6 +98,8 @@ class Draft:
         Siblings keep the order in which the sequences are listed (priority
         order). A node that sequences of several sources pass through records
         all of them, in the order they first reached it.
+        For deterministic guesses only: merging two sequences sampled from a
+        draft model would count two i.i.d. draws as one guess.
         """
         tokens: list[int] = []
         parents: list[int] = []
@@ -199,6 +208,32 @@ class DecodeState:
         return self.remaining - 1
 
 
+@dataclass
+class DrafterContext:
+    """What a drafter that runs a model of its own may need beyond its config.
+
+    Built by the runner (and by tests); drafters that need none of it ignore it.
+
+    * ``sampling``: the run's :class:`specbench.sampling.SamplingParams`: a draft
+      model computes ``q`` with the same temperature, top-k and top-p as ``p``.
+    * ``device``, ``dtype``: where and in which precision the target runs.
+    * ``load_model(name)``: loads a model preset (``conf/model/<name>.yaml``)
+      through :func:`specbench.models.load_model`, on the target's hardware and
+      dtype, with the same one-line errors.
+    * ``target_model``, ``target_name``: the target itself (self-drafting shares
+      its weights) and its preset name (the identity of trained heads).
+    * ``hardware``: the target's hardware config.
+    """
+
+    sampling: Any = None
+    device: torch.device | None = None
+    dtype: torch.dtype | None = None
+    load_model: Callable[[str], Any] | None = None
+    target_model: torch.nn.Module | None = None
+    target_name: str = ""
+    hardware: Any = None
+
+
 class Drafter:
     """Base class of every method: ``propose`` a draft, ``update`` from the result.
 
@@ -214,11 +249,25 @@ class Drafter:
     # which flash_attention_2 cannot express. Methods that only ever propose one chain set False.
     tree_drafts: ClassVar[bool] = True
 
-    def __init__(self, config: Any = None, *, vocab_size: int, seed: int = 0, tokenizer: Any = None) -> None:
+    def __init__(
+        self,
+        config: Any = None,
+        *,
+        vocab_size: int,
+        seed: int = 0,
+        tokenizer: Any = None,
+        context: DrafterContext | None = None,
+    ) -> None:
         self.config = config
         self.vocab_size = vocab_size
         self.seed = seed
         self.tokenizer = tokenizer
+        self.context = context or DrafterContext()
+
+    @classmethod
+    def preflight(cls, config: Any, run_cfg: Any) -> None:
+        """Checks that need no model (files exist, settings agree), run before the model loads.
+        Raise specbench.config.ConfigError with one line naming the fix."""
 
     def start(self, prompt_ids: list[int]) -> None:
         """A new generation begins (each sample and each turn)."""
@@ -231,13 +280,16 @@ class Drafter:
         """Forget everything learned so far. The runner calls it after the warm-up generations,
         so that a run-long memory starts empty at the first recorded sample."""
 
-    @classmethod
-    def preflight(cls, config: Any, run_cfg: Any) -> None:
-        """Checks that need no model (files exist, settings agree), run before the model loads.
-        Raise specbench.config.ConfigError with one line naming the fix."""
-
     def propose(self, state: DecodeState) -> Draft | None:
         return None
 
     def update(self, result: VerifyResult) -> None:
         """Learn from a step's outcome (pools, n-gram tables, statistics)."""
+
+
+def make_drafter(cls: type[Drafter], config: Any, *, context: DrafterContext | None = None, **kwargs) -> Drafter:
+    """Build a drafter, passing ``context`` only to drafters whose ``__init__`` takes it
+    (drafters written before the context existed keep their old signature)."""
+    params = inspect.signature(cls.__init__).parameters
+    takes = "context" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    return cls(config, **kwargs, context=context) if takes else cls(config, **kwargs)

@@ -23,8 +23,9 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from specbench import data as datasets_
-from specbench.config import BOOKKEEPING, ConfigError, validate
+from specbench.config import BOOKKEEPING, ConfigError, model_preset, validate
 from specbench.decode import generate
+from specbench.draft import DrafterContext, make_drafter
 from specbench.metrics import format_table, summarize
 from specbench.models import load_model
 from specbench.provenance import config_hash, environment_info
@@ -105,12 +106,25 @@ def run(cfg: DictConfig) -> Any:
             f"dataset {ddef.name}: every selected sample was skipped (see dataset.max_input_tokens)"
         )
 
+    drafter_context = DrafterContext(
+        sampling=sampling,
+        device=target.device,
+        dtype=target.dtype,
+        load_model=lambda name: load_model(
+            OmegaConf.merge(model_preset(name), {"dtype": loaded.dtype}), cfg.hardware
+        ),
+        target_model=loaded.model,
+        target_name=loaded.name,
+        hardware=cfg.hardware,
+    )
     drafters = {
-        name: get_method(name)(
+        name: make_drafter(
+            get_method(name),
             checked["method"] if name == method else get_method(name).Config(),
             vocab_size=loaded.vocab_size,
             seed=cfg.seed,
             tokenizer=tok,
+            context=drafter_context,
         )
         for name in methods
     }

@@ -49,20 +49,47 @@ class SamplingParams:
 
 
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Rows of logits → the sampling distribution (temperature, then top-k, then top-p)."""
+    """Rows of logits → the sampling distribution (temperature, then top-k, then top-p).
+
+    Top-p keeps every token at least as probable as the one at which the
+    descending cumulative mass first reaches ``top_p`` (ties at that boundary
+    are all kept, so the set does not depend on how a sort orders ties). On a
+    CPU only the head of the distribution is ranked (``topk`` of a growing
+    size: the nucleus is usually a few dozen tokens, a full sort of the
+    vocabulary costs far more); on other devices one full sort, which needs no
+    host synchronisation.
+    """
     scores = logits.float() / params.temperature
     if params.top_k and params.top_k < scores.shape[-1]:
         kth = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]
         scores = scores.masked_fill(scores < kth, float("-inf"))
+    probs = scores.softmax(-1)
     if params.top_p < 1.0:
-        # Keep the smallest set of most probable tokens whose mass reaches top_p.
-        sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
-        mass_before = sorted_scores.softmax(-1).cumsum(-1) - sorted_scores.softmax(-1)
-        drop_sorted = mass_before >= params.top_p
-        drop_sorted[..., 0] = False
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        scores = scores.masked_fill(drop, float("-inf"))
-    return scores.softmax(-1)
+        size = probs.shape[-1]
+        k = min(size, 64) if probs.device.type == "cpu" else size
+        while True:
+            head = torch.topk(probs, k, dim=-1).values  # sorted, most probable first
+            mass = head.cumsum(-1)
+            if k == size or bool((mass[..., -1] >= params.top_p).all()):
+                break
+            k = min(size, k * 8)
+        last = (mass < params.top_p).sum(-1, keepdim=True).clamp_max(k - 1)
+        probs = probs.masked_fill(probs < head.gather(-1, last), 0.0)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def sample(weights: torch.Tensor, generator: torch.Generator | None = None) -> int:
+    """One token drawn from non-negative ``weights`` (any scale) on their own device.
+
+    Inverse CDF with one uniform from ``generator`` (a CPU generator): the same
+    random stream on every device and one host synchronisation (the result).
+    ``u`` lies in (0, 1] and the search takes the first index whose cumulative
+    weight reaches ``u`` × total, so a zero-weight token is never drawn.
+    """
+    u = 1.0 - float(torch.rand((), dtype=torch.float64, generator=generator))
+    cdf = weights.double().cumsum(-1)
+    return int(torch.searchsorted(cdf, cdf[-1:] * u))
 
 
 def children_lists(draft: Draft) -> list[list[int]]:
@@ -104,17 +131,18 @@ def accept(
             path.append(nxt)
             node = nxt
 
-    q_all = draft.draft_probs.float().cpu() if draft.draft_probs is not None else None
+    # Sampling. Per-node work stays where the logits are; the only host syncs are one
+    # bool per accept/reject decision and the final sampled token.
+    q_all = None if draft.draft_probs is None else draft.draft_probs.to(logits.device, torch.float32)
     node = -1
     while True:
-        p = probs = target_probs(logits[node + 1].cpu(), params)  # only rows on the walked path
+        p = probs = target_probs(logits[node + 1], params)  # only rows on the walked path
         nxt = None
         for c in kids[node + 1]:
             x = draft.tokens[c]
-            q = q_all[c] if q_all is not None else None
-            qx = float(q[x]) if q is not None else 1.0
+            q = None if q_all is None else q_all[c]  # None: a deterministic guess, q = δ_x
             r = float(torch.rand((), generator=generator))
-            if r * qx < float(p[x]):
+            if bool(p[x] > r * (1.0 if q is None else q[x])):  # accept with probability min(1, p(x)/q(x))
                 nxt = c
                 break
             if q is None:
@@ -122,13 +150,9 @@ def accept(
                 p[x] = 0.0
             else:
                 p = torch.clamp(p - q, min=0.0)
-            total = float(p.sum())
-            if total <= 0.0:  # only reachable through rounding: p was (numerically) q
-                p = probs
-                break
-            p = p / total
+            total = p.sum()
+            p = torch.where(total > 0, p / total, probs)  # total 0 only through rounding (p was q)
         if nxt is None:
-            token = int(torch.multinomial(p, 1, generator=generator))
-            return path, [draft.tokens[i] for i in path] + [token]
+            return path, [draft.tokens[i] for i in path] + [sample(p, generator)]
         path.append(nxt)
         node = nxt

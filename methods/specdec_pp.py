@@ -1,0 +1,91 @@
+"""SpecDec++: draft-model speculative sampling with an adaptive draft length (Huang, Guo, Wang 2024).
+
+Drafting is :mod:`methods.sps`'s (a chain from a draft model, verified with
+``min(1, p/q)``), but its length is decided token by token: a trained
+acceptance head (``specbench/acceptance_head.py``: a residual MLP with SiLU,
+``depth`` blocks, over the draft's last hidden state of the newest token)
+predicts ``p̂_i``, the chance that drafted token ``i`` is accepted, and drafting
+stops as soon as ``1 - Π p̂_i > threshold`` (the paper's threshold rule, h =
+0.7), or at ``max_k`` = 20 tokens. The token whose prediction crossed the
+threshold is still proposed: it costs nothing more to verify.
+
+The head is trained per target × draft pair
+(``python -m specbench.acceptance_head model=<target> method=specdec_pp ...`` or
+``make train-acceptance-head``) and read from
+``$SPECBENCH_CACHE/acceptance_heads/<target>__<draft>.pt`` (or ``head_path``);
+a run without one stops before loading any model, naming that command.
+
+The stopping rule only changes how many tokens are proposed, so greedy output
+stays the autoregressive output and sampling keeps the target's distribution.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from specbench.acceptance_head import head_file, load_head, train_command
+from specbench.config import ConfigError
+from specbench.draft_model import DraftModelSettings, ModelDrafter
+from specbench.registry import register_method
+
+
+@dataclass
+class SpecDecPPConfig(DraftModelSettings):
+    threshold: float = 0.7  # h: stop when the predicted chance of a rejection exceeds it
+    max_k: int = 20  # hard cap on drafted tokens per step
+    head_path: str | None = None  # default: the cache's head for this target × draft
+
+    def validate(self) -> None:
+        super().validate()
+        if not 0 < self.threshold < 1:
+            raise ValueError(f"specdec_pp: threshold must be in (0, 1), got {self.threshold}")
+        if self.max_k < 1:
+            raise ValueError(f"specdec_pp: max_k must be >= 1, got {self.max_k}")
+
+    def head(self, target_name: str) -> Path:
+        return Path(self.head_path).expanduser() if self.head_path else head_file(target_name, self.identity())
+
+
+@register_method
+class SpecDecPP(ModelDrafter):
+    name = "specdec_pp"
+    Config = SpecDecPPConfig
+    needs_last_hidden = True
+
+    def __init__(self, config: SpecDecPPConfig | None = None, *, vocab_size: int, seed: int = 0, tokenizer=None,
+                 context=None):
+        super().__init__(config or SpecDecPPConfig(), vocab_size=vocab_size, seed=seed, tokenizer=tokenizer,
+                         context=context)
+        target = self.context.target_name
+        path = self.config.head(target)
+        if not path.is_file():
+            raise ConfigError(missing_head(path, target, self.config))
+        hidden = self.lm.base.config.hidden_size
+        self.head = load_head(path, target, self.config.identity(), hidden).to(self.lm.shape.device)
+        self.kept = 1.0
+
+    @classmethod
+    def preflight(cls, config: SpecDecPPConfig, run_cfg) -> None:
+        config.preflight()
+        target = run_cfg.model.name
+        path = config.head(target)
+        if not path.is_file():
+            raise ConfigError(missing_head(path, target, config))
+
+    def max_length(self) -> int:
+        return self.config.max_k
+
+    def begin_chain(self) -> None:
+        self.kept = 1.0  # predicted chance that every token drafted so far is accepted
+
+    def keep_drafting(self, hidden) -> bool:
+        self.kept *= float(self.head(hidden).sigmoid())
+        return 1.0 - self.kept <= self.config.threshold
+
+
+def missing_head(path: Path, target: str, config: SpecDecPPConfig) -> str:
+    return (
+        f"specdec_pp: no acceptance head for target '{target}' with draft '{config.identity()}' ({path}): "
+        f"train one with `{train_command(target, config)}` (or set method.head_path)"
+    )
