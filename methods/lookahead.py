@@ -4,34 +4,10 @@ Each step verifies the pool's n-grams for the root and, in the same forward,
 runs one Jacobi iteration of a 2-D window held as auxiliary nodes. The window
 and pool live in :mod:`specbench.lookahead_window` (shared with ``lookahead_rest``).
 
-Window layout (the official implementation's; offsets from the root, root = 0).
-The window has C columns and up to N - 1 levels (W = window, N = ngram):
-
-* level 0 holds C - 1 tokens, ``a[0][k]`` at offset ``k + 1``. With the root it
-  is the first level: column ``i``'s *key* is the root (i = 0) or ``a[0][i - 1]``;
-* level l >= 1 holds C tokens, ``a[l][i]`` at offset ``i + l``;
-* besides the prefix and the root (always visible), ``a[0][k]`` sees
-  ``a[0][:k]`` (causal first level) and ``a[l][i]`` sees ``a[0][:i]`` (the first
-  level up to its key) and ``a[1:l][i]`` (its column in earlier levels). So every
-  window token sees a chain at consecutive offsets 1 .. its own, and column i is
-  the chain key_i, a[1][i], ..., a[N-2][i];
-* guesses see only the prefix, the root and their ancestors; the window never
-  sees a guess (the core's rule for auxiliary nodes).
-
-Window schedule (``advance_window``). ``start`` draws level 0 (W + N - 3 tokens,
-so C = W + N - 2) from the prompt with ``random.Random(seed)``. The argmax of the
-top level's logits is the Jacobi update: it predicts one offset further, i.e.
-the next level. For the first N - 2 steps (fill) that level is stacked on top and
-every level drops its first column; no n-grams are harvested (the pool is empty,
-so there are no guesses either). Then (steady: N - 1 levels, W columns) column i
-yields the n-gram ``(key_i, a[1][i], ..., a[N-2][i], new[i])`` and the levels
-move down: ``a[0] = a[1][1:]``, ``a[l] = a[l + 1]``, top = new. Either way the
-window advances by exactly one position per step, whatever the number of
-accepted tokens (the reference's default ``ALWAYS_FWD_ONE``): after k > 1
-accepted tokens its offsets lag by k - 1 positions. Columns stay chains the
-model produced, conditioned on a slightly older context, and the following
-iterations re-align; nothing else is done about it. As in the reference, an EOS
-in the new level is replaced by a prompt token (when the tokenizer names one).
+Window layout (the official implementation's) and schedule: see
+:mod:`specbench.lookahead_window`. The window advances by one position per
+step whatever the number of accepted tokens (the reference's ``ALWAYS_FWD_ONE``);
+an EOS in the new level is replaced by a prompt token, as in the reference.
 
 Pool (``NgramPool``): key token -> at most G sequences of N - 1 tokens, LRU: an
 n-gram harvested again moves to the newest end, a new one beyond G evicts the
