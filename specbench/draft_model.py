@@ -221,6 +221,8 @@ class ModelDrafter(Drafter):
         self.begin_chain()
 
     def max_length(self) -> int:
+        """How many tokens a chain may draft: every subclass says (sps: a fixed K; specdec_pp: its hard cap,
+        the acceptance head stopping earlier). Abstract hook, not a gap."""
         raise NotImplementedError
 
     def begin_chain(self) -> None:

@@ -118,4 +118,6 @@ class StoreDrafter(Drafter):
         return draft
 
     def draft(self, trie: WeightedTrie) -> Draft:
+        """The step's draft from the lookup's trie: every subclass says how (rest: its top-weighted nodes
+        as one tree; spectra_retrieval: its best sequences). Abstract hook, not a gap."""
         raise NotImplementedError
