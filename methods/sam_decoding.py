@@ -47,7 +47,7 @@ from specbench.draft import (
     Drafter,
     VerifyResult,
 )
-from specbench.recycling import TREES, CandidateMatrix, TreeTemplate
+from specbench.recycling import TREES, CandidateMatrix, MatrixMemory, TreeTemplate
 from specbench.registry import register_method
 
 AUXILIARIES = ("recycling", "none")
@@ -97,7 +97,7 @@ def corpus_automaton(documents, max_tokens: int) -> SuffixAutomaton:
 
 
 @register_method
-class SAMDecoding(Drafter):
+class SAMDecoding(MatrixMemory, Drafter):
     name = "sam_decoding"
     Config = SAMDecodingConfig
 
@@ -134,16 +134,8 @@ class SAMDecoding(Drafter):
             path = resolve_store(config.datastore, None)
         return Datastore.load(path, tokenizer, hint=getattr(config, "_store_hint", None))
 
-    def reset(self) -> None:
-        self.matrix.clear()
-
-    def begin_sample(self) -> None:
-        if self.config.memory != "run":
-            self.matrix.clear()
-
     def start(self, prompt_ids: list[int]) -> None:
-        if self.config.memory == "turn":
-            self.matrix.clear()
+        self.begin_turn()
         self.dynamic = SuffixAutomaton()
         if self.static is not None:
             self.static.reset_match()

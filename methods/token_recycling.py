@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specbench.draft import MEMORY_SCOPES, SOURCE_RECYCLE, DecodeState, Draft, Drafter, VerifyResult
-from specbench.recycling import TREES, CandidateMatrix, TreeTemplate
+from specbench.recycling import TREES, CandidateMatrix, MatrixMemory, TreeTemplate
 from specbench.registry import register_method
 
 
@@ -59,7 +59,7 @@ class TokenRecyclingConfig:
 
 
 @register_method
-class TokenRecycling(Drafter):
+class TokenRecycling(MatrixMemory, Drafter):
     name = "token_recycling"
     Config = TokenRecyclingConfig
 
@@ -73,16 +73,8 @@ class TokenRecycling(Drafter):
         self.matrix = CandidateMatrix(vocab_size, config.topk)
         self.root = -1
 
-    def reset(self) -> None:
-        self.matrix.clear()
-
-    def begin_sample(self) -> None:
-        if self.config.memory != "run":
-            self.matrix.clear()
-
     def start(self, prompt_ids: list[int]) -> None:
-        if self.config.memory == "turn":
-            self.matrix.clear()
+        self.begin_turn()
 
     def propose(self, state: DecodeState) -> Draft | None:
         self.root = state.tokens[-1]
