@@ -16,7 +16,7 @@ PYTEST      := $(PY) -m pytest -p no:cacheprovider
 
 .DEFAULT_GOAL := help
 .PHONY: help setup demo smoke smoke-experiments test test-slow test-all lint bench bench-stores bench-retrieval clean train-acceptance-head \
-        datastore datastore-refine table1 table2 table3 table4 table5 table6 table7 figures report reproduce-cpu
+        datastore datastore-refine memory_scopes table1 table2 table3 table4 table5 table6 table7 figures report reproduce-cpu
 
 # Paper reproduction. Sweeps write <RESULTS>/<experiment>/; reports go to <REPORTS>/ (Markdown, LaTeX,
 # CSV, PNG, PDF). ARGS adds overrides to every sweep, e.g. ARGS="model=llama2-7b hydra/launcher=slurm".
@@ -32,8 +32,8 @@ SWEEP        = $(PY) run.py -m results_dir=$(RESULTS)
 # cores with these limits). Methods and datasets that exist offline; add more with CPU_METHODS=...
 CPU_RESULTS ?= results/reproduce-cpu
 CPU_REPORTS ?= reports/reproduce-cpu
-CPU_LIMIT   ?= 3
-CPU_TOKENS  ?= 96
+CPU_LIMIT   ?= 2
+CPU_TOKENS  ?= 64
 CPU_METHODS ?= anpd,lookahead-cpu,rest-cpu,spectra_core-cpu,spectra-cpu
 CPU_DATASETS ?= humaneval,mtbench
 CPU_VARIANTS ?= core,core_no_fwd,core_no_bwd,core_no_sub,retrieval,retrieval_no_refine,spectra,rest,lookahead,lookahead_rest
@@ -82,11 +82,16 @@ lint: setup ## ruff
 	$(PY) -m ruff check .
 
 RETRIEVAL_BENCH ?= pld lookahead-cpu spectra_core-cpu rest-cpu spectra_retrieval-cpu spectra_retrieval-cpu:norefine \
-                   spectra-cpu lookahead rest spectra_core spectra
+                   spectra_retrieval-cpu:random spectra-cpu spectra-cpu:random lookahead rest spectra_core spectra
 
-bench: setup bench-retrieval ## side-by-side speed benchmarks (bench/README.md); DATA_DIR=<dir with gsm8k_test.jsonl> adds GSM8K
+# Every training-free method: the retrieval set above plus ANPD and the Spec-Bench leaders.
+BENCH_METHODS ?= pld anpd lookahead-cpu spectra_core-cpu rest-cpu spectra_retrieval-cpu spectra_retrieval-cpu:norefine \
+                 spectra_retrieval-cpu:random spectra-cpu spectra-cpu:random token_recycling-cpu sam_decoding-cpu suffix-cpu \
+                 lookahead spectra_core rest spectra token_recycling sam_decoding suffix
+
+bench: setup bench-stores ## side-by-side speed benchmarks (bench/README.md, ~1 h on 2 cores); DATA_DIR=<dir with gsm8k_test.jsonl> adds GSM8K
 	$(PY) bench/baseline.py
-	$(PY) bench/compare.py $(if $(DATA_DIR),--data gsm8k=$(DATA_DIR)/gsm8k_test.jsonl)
+	$(PY) bench/compare.py --methods $(BENCH_METHODS) $(if $(DATA_DIR),--data gsm8k=$(DATA_DIR)/gsm8k_test.jsonl)
 	$(PY) bench/draft_models.py
 
 MODEL ?= smollm2-135m
@@ -100,6 +105,10 @@ bench-stores: setup ## SmolLM2's stores for the retrieval benchmark (standard li
 	$(PY) -m specbench.datastore info --store chat >/dev/null 2>&1 || $(PY) -m specbench.datastore build --source chat
 	$(PY) -m specbench.datastore info --store chat-refined >/dev/null 2>&1 || \
 	  $(PY) -m specbench.datastore refine --store chat --keep 0.5
+	$(PY) -m specbench.datastore info --store stdlib-random >/dev/null 2>&1 || \
+	  $(PY) -m specbench.datastore refine --store stdlib --keep 0.5 --sample 2000 --select random
+	$(PY) -m specbench.datastore info --store chat-random >/dev/null 2>&1 || \
+	  $(PY) -m specbench.datastore refine --store chat --keep 0.5 --select random
 
 bench-retrieval: bench-stores ## retrieval methods (rest, spectra_retrieval with/without refinement, spectra) beside CORE, Lookahead, PLD
 	$(PY) bench/compare.py --methods $(RETRIEVAL_BENCH) --datasets humaneval mtbench
@@ -142,6 +151,10 @@ figures: setup ## Figures 3, 4 and 6: their sweeps (FLASH=1 adds chain methods u
 	$(if $(FLASH),$(SWEEP) experiment=figure4 hardware.attn_implementation=flash_attention_2 method=pld,anpd $(ARGS))
 	$(SWEEP) experiment=figure6 $(ARGS)
 	$(REPORT) figures
+
+memory_scopes: setup ## τ of per-turn / per-sample / per-run drafter memory on two-turn MT-Bench (SmolLM2, CPU); then its table
+	$(SWEEP) experiment=memory_scopes $(ARGS)
+	$(REPORT) memory_scopes
 
 report: setup ## every table and figure from what is in results/ (no runs): reports/report.md
 	$(REPORT) all

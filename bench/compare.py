@@ -4,7 +4,8 @@ For each dtype and dataset, every prompt is decoded by the autoregressive
 baseline and by each method preset (``conf/method/<preset>.yaml``), in an order
 that rotates from prompt to prompt, after one un-recorded warm-up per method.
 Reported per method: τ, speedup (Σ baseline time / Σ method time on the same
-prompts), Mac-TP, Mic-TP, drafting overhead per step (time outside the
+prompts), Mac-TP, Mic-TP, tokens per decode forward (q/fwd: the root, the
+guesses and the auxiliary nodes), drafting overhead per step (time outside the
 model forward: propose + update), and how many greedy outputs equal the
 baseline's. transformers' own prompt lookup (``generate(prompt_lookup_num_tokens=10)``)
 runs on the same prompts as ``hf_pld``, next to our ``pld``.
@@ -18,7 +19,12 @@ read the store named per dataset by ``--stores`` (default: the standard-library
 store for code prompts, the model-generated ``chat`` store, built from MT-Bench
 questions 41-80, for MT-Bench questions 1-40 and GSM8K); each is checked as a
 run would check it (it must exist; its prompts must not overlap the evaluated
-ones). ``<preset>:norefine`` reads the unrefined store. The lookup time per
+ones). ``<preset>:auto`` runs the preset with ``budget=auto`` (its drafts trimmed under this
+machine's measured cost curve, printed first; ``--flat-cost`` plans with a GPU-like flat curve
+instead). ``<preset>:norefine`` reads the unrefined store; ``<preset>:random`` reads the
+refined store's control, as many pieces drawn at random from the same subset
+(``python -m specbench.datastore refine --select random``), so that refinement is
+compared at a matched store size. The lookup time per
 step and each store's size and build time are printed too.
 
     python bench/compare.py --data gsm8k=/path/gsm8k_test.jsonl
@@ -36,9 +42,11 @@ from pathlib import Path
 from baseline import hf_generate  # bench/ is on sys.path when a script here runs
 from omegaconf import OmegaConf
 
+from specbench.budget import AutoBudget
 from specbench.config import CONF_DIR, ConfigError
+from specbench.costs import CostModel, load_or_measure
 from specbench.data import DatasetUnavailableError, get_dataset, select
-from specbench.datastore import Datastore
+from specbench.datastore import RANDOM_SUFFIX, Datastore
 from specbench.decode import generate
 from specbench.metrics import mac_tp, mic_tp
 from specbench.models import load_model
@@ -51,26 +59,36 @@ DEFAULT_STORES = {"humaneval": "stdlib", "mbpp": "stdlib", "classeval": "stdlib"
 
 
 def preset(name: str, run_cfg=None, store: str | None = None):
-    """A preset's method and config; ``<preset>:norefine`` reads the unrefined store. Retrieval
-    presets get ``store`` and are checked against ``run_cfg`` as a run checks them (preflight)."""
+    """A preset's method, config and budget; ``<preset>:norefine`` reads the unrefined store,
+    ``<preset>:random`` the refined store's matched-size random control, ``<preset>:auto`` /
+    ``<preset>:fixed`` set the budget (default: the preset's). Retrieval presets get ``store`` and are
+    checked against ``run_cfg`` as a run checks them (preflight)."""
     base, _, variant = name.partition(":")
     cfg = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "method" / f"{base}.yaml"))
     method = cfg.pop("name")
-    if variant == "norefine":
-        cfg["refine"] = False
-    if "datastore" in cfg and store:
+    preset_budget = cfg.pop("budget", None)
+    if variant not in ("", "norefine", "random", "auto", "fixed"):
+        raise SystemExit(f"{name}: the variants are <preset>:norefine, :random, :auto and :fixed")
+    budget = variant if variant in ("auto", "fixed") else preset_budget or "fixed"
+    if cfg.get("datastore") and store:  # presets without a store (sam_decoding) keep none
         cfg["datastore"] = store
+    if variant in ("norefine", "random"):
+        cfg["refine"] = False
+    if variant == "random":
+        cfg["datastore"] = cfg["datastore"] + RANDOM_SUFFIX
     config = build_method_config(method, cfg)
     if run_cfg is not None:
         get_method(method).preflight(config, run_cfg)
-    return method, config
+    return method, config, budget
 
 
 def store_facts(path) -> str:
     meta = Datastore.load(path).meta
+    scored = meta.get("refinement", {}).get("score_seconds")
     return (
         f"{Path(path).name}: {meta['tokens'] / 1e6:.2f}M tokens, {meta.get('documents', '?')} documents, "
-        f"index {meta.get('index_bytes', 0) / 1e6:.0f} MB, built in {meta.get('build_seconds', 0):.0f} s"
+        f"index {meta.get('index_bytes', 0) / 1e6:.0f} MB, indexed in {meta.get('build_seconds', 0):.0f} s"
+        + (f", pieces scored in {scored:.0f} s" if scored is not None else "")
     )
 
 
@@ -78,6 +96,7 @@ class Tally:
     def __init__(self) -> None:
         self.tokens = self.steps = self.n = self.match = 0
         self.seconds = self.draft_s = self.lookup_s = 0.0
+        self.forward_tokens = 0  # tokens sent per decode forward: root + guesses + auxiliary nodes
         self.step_tokens: list[int] = []
         self.step_times: list[float] = []
 
@@ -89,19 +108,23 @@ class Tally:
         self.seconds += seconds
         self.draft_s += sum(rec.step_draft_s)
         self.lookup_s += sum(rec.step_lookup_s)
+        self.forward_tokens += sum(1 + d + a for d, a in zip(rec.step_drafted[1:], rec.step_aux[1:], strict=True))
         self.step_tokens += rec.step_tokens
         self.step_times += rec.step_times
 
 
-def bench(loaded, prompts, presets: list[str], max_new: int, run_cfg=None, store=None) -> dict[str, Tally]:
+def bench(loaded, prompts, presets: list[str], max_new: int, run_cfg=None, store=None, cost=None) -> dict[str, Tally]:
     target = Target(loaded.model)
     eos = loaded.eos_token_ids
     drafters = {"autoregressive": get_method("autoregressive")(None, vocab_size=loaded.vocab_size)}
+    budgets = {}  # <preset>:auto: trimmed under the measured cost curve, statistics kept across prompts
     for name in presets:
-        method, cfg = preset(name, run_cfg, store)
+        method, cfg, budget = preset(name, run_cfg, store)
         drafters[name] = get_method(method)(
             cfg, vocab_size=loaded.vocab_size, seed=0, tokenizer=loaded.tokenizer
         )
+        if budget == "auto":
+            budgets[name] = AutoBudget(cost, aux_feeds=get_method(method).AUX_FEEDS)
         if getattr(cfg, "_store_path", None):
             print(f"  {name} reads {store_facts(cfg._store_path)}")
 
@@ -111,17 +134,23 @@ def bench(loaded, prompts, presets: list[str], max_new: int, run_cfg=None, store
             out = hf_generate(loaded, ids, n, prompt_lookup_num_tokens=10)
             return out, None, time.perf_counter() - start
         start = time.perf_counter()
-        rec = generate(target, drafters[name], ids, max_new_tokens=n, eos_token_ids=eos)
+        rec = generate(target, drafters[name], ids, max_new_tokens=n, eos_token_ids=eos, budget=budgets.get(name))
         return rec.output_ids, rec, time.perf_counter() - start
 
     names = list(drafters) + ["hf_pld"]
     for name in names:  # warm-up, not recorded
         once(name, prompts[0], 16)
+    for drafter in drafters.values():  # as a run does: the warm-up teaches run-long memory nothing
+        drafter.reset()
+    for name, b in budgets.items():
+        budgets[name] = AutoBudget(cost, aux_feeds=b.aux_feeds)
     tallies = {name: Tally() for name in names}
     for i, ids in enumerate(prompts):
         order = names[i % len(names) :] + names[: i % len(names)]
         outs = {}
         for name in order:
+            if name in drafters:
+                drafters[name].begin_sample()
             outs[name] = once(name, ids, max_new)
         ref = outs["autoregressive"][0]
         for name, (out, rec, seconds) in outs.items():
@@ -147,9 +176,10 @@ def report(dtype: str, dataset: str, tallies: dict[str, Tally]) -> None:
         decode_steps = t.steps - t.n
         overhead = f"{1000 * t.draft_s / decode_steps:6.2f}" if decode_steps > 0 and t.steps else "     -"
         lookup = f"{1000 * t.lookup_s / decode_steps:6.2f}" if decode_steps > 0 and t.lookup_s else "     -"
+        width = f"{t.forward_tokens / decode_steps:5.1f}" if decode_steps > 0 and t.steps else "    -"
         speedup = (base.seconds / base.tokens) / (t.seconds / t.tokens)  # per-token time ratio
         print(
-            f"{dtype:9} {dataset:10} {name:30} {tau} {speedup:6.2f}x {mac} {mic} {overhead} {lookup}"
+            f"{dtype:9} {dataset:10} {name:30} {tau} {speedup:6.2f}x {mac} {mic} {width} {overhead} {lookup}"
             f"  {t.match}/{t.n}"
         )
 
@@ -164,6 +194,8 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--stores", nargs="*", default=[], help="DATASET=STORE: the store retrieval presets read")
+    ap.add_argument("--flat-cost", action="store_true",
+                    help="<preset>:auto plans with a flat (GPU-like) cost curve instead of this machine's")
     args = ap.parse_args()
     stores = {**DEFAULT_STORES, **dict(item.split("=", 1) for item in args.stores)}
 
@@ -177,10 +209,15 @@ def main() -> None:
     print("speedup = autoregressive time per token / method time per token, same prompts, same process")
     print(
         f"{'dtype':9} {'dataset':10} {'method':30} {'τ':>5} {'speedup':>7} {'Mac-TP':>7} {'Mic-TP':>7} "
-        f"{'ms/stp':>6} {'lookup':>6}  same as AR"
+        f"{'q/fwd':>5} {'ms/stp':>6} {'lookup':>6}  same as AR"
     )
     for dtype in args.dtypes:
         loaded = load_model(OmegaConf.merge(model_cfg, {"dtype": dtype}), hardware_cfg)
+        cost = None
+        if any(preset(m)[2] == "auto" for m in args.methods):
+            cost = CostModel.flat() if args.flat_cost else load_or_measure(
+                loaded, args.model, dtype, hardware_cfg.get("attn_implementation", "sdpa"))
+            print(f"cost curve ({dtype}{', flat: GPU-like' if args.flat_cost else ''}):\n{cost.table()}")
         for name in args.datasets:
             ds_cfg = OmegaConf.load(CONF_DIR / "dataset" / f"{name}.yaml")
             if name in paths:
@@ -198,7 +235,7 @@ def main() -> None:
                 {"model": model_cfg, "dataset": ds_cfg, "limit": args.prompts, "offset": 0, "seed": 0}
             )
             try:
-                tallies = bench(loaded, prompts, args.methods, args.max_new_tokens, run_cfg, stores.get(name))
+                tallies = bench(loaded, prompts, args.methods, args.max_new_tokens, run_cfg, stores.get(name), cost)
             except ConfigError as err:  # a store that is missing or overlaps these prompts
                 print(f"(skipping {name}: {err})")
                 continue

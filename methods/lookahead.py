@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specbench.draft import SOURCE_POOL, DecodeState, Draft, Drafter, VerifyResult
+from specbench.draft import SOURCE_POOL, DecodeState, Draft, Drafter, ScopedMemory, VerifyResult, check_memory
 from specbench.lookahead_window import LookaheadEngine
 from specbench.registry import register_method
 
@@ -34,6 +34,7 @@ class LookaheadConfig:
     ngram: int = 5  # N: n-gram size; the window keeps N - 1 levels, guesses have N - 1 tokens
     guesses: int = 15  # G: n-grams kept per key in the pool = guesses verified per step
     pool_from_prompt: bool = False  # also pool the n-grams of the prompt and of the output
+    memory: str = "turn"  # how long the n-gram pool lives: turn (the paper) | sample | run
 
     def validate(self) -> None:
         if self.window < 1:
@@ -42,12 +43,14 @@ class LookaheadConfig:
             raise ValueError(f"lookahead.ngram must be >= 3 (the reference needs 2 levels), got {self.ngram}")
         if self.guesses < 1:
             raise ValueError(f"lookahead.guesses must be >= 1, got {self.guesses}")
+        check_memory("lookahead", self.memory)
 
 
 @register_method
-class Lookahead(Drafter):
+class Lookahead(ScopedMemory, Drafter):
     name = "lookahead"
     Config = LookaheadConfig
+    AUX_FEEDS = (SOURCE_POOL,)  # the Jacobi window harvests the pool's n-grams
 
     def __init__(
         self, config: LookaheadConfig | None = None, *, vocab_size: int, seed: int = 0, tokenizer=None
@@ -63,8 +66,12 @@ class Lookahead(Drafter):
     levels = property(lambda self: self.engine.levels)
     pool = property(lambda self: self.engine.pool, lambda self, p: setattr(self.engine, "pool", p))
 
+    def forget(self) -> None:
+        self.engine.forget()
+
     def start(self, prompt_ids: list[int]) -> None:
-        self.engine.start(prompt_ids)
+        self.begin_turn()
+        self.engine.start(prompt_ids, keep=True)
 
     def propose(self, state: DecodeState) -> Draft:
         seqs = self.engine.pool_guesses(state.tokens, state.max_depth)

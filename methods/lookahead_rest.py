@@ -27,7 +27,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from time import perf_counter
 
-from specbench.draft import SOURCE_POOL, SOURCE_RETRIEVAL, DecodeState, Draft, VerifyResult
+from specbench.draft import (
+    SOURCE_POOL,
+    SOURCE_RETRIEVAL,
+    DecodeState,
+    Draft,
+    ScopedMemory,
+    VerifyResult,
+    check_memory,
+)
 from specbench.lookahead_window import LookaheadEngine
 from specbench.registry import register_method
 from specbench.retrieval import RetrievalConfig, StoreDrafter, retrieval_tree
@@ -40,6 +48,7 @@ class LookaheadRestConfig(RetrievalConfig):
     guesses: int = 15  # G: Lookahead's pool guesses per step
     pool_from_prompt: bool = False
     max_nodes: int = 64  # REST's tree: the top-weighted trie nodes
+    memory: str = "turn"  # how long Lookahead's n-gram pool lives: turn | sample | run
 
     def validate(self) -> None:
         super().validate()
@@ -48,6 +57,7 @@ class LookaheadRestConfig(RetrievalConfig):
                 "lookahead_rest: need window >= 1, ngram >= 3, guesses >= 1, max_nodes >= 1, got "
                 f"{self.window}, {self.ngram}, {self.guesses}, {self.max_nodes}"
             )
+        check_memory("lookahead_rest", self.memory)
 
 
 def leaf_paths(tokens: list[int], parents: list[int]) -> list[list[int]]:
@@ -66,9 +76,10 @@ def leaf_paths(tokens: list[int], parents: list[int]) -> list[list[int]]:
 
 
 @register_method
-class LookaheadRest(StoreDrafter):
+class LookaheadRest(ScopedMemory, StoreDrafter):
     name = "lookahead_rest"
     Config = LookaheadRestConfig
+    AUX_FEEDS = (SOURCE_POOL,)
 
     def __init__(self, config: LookaheadRestConfig | None = None, *, vocab_size: int, seed: int = 0,
                  tokenizer=None):
@@ -77,8 +88,12 @@ class LookaheadRest(StoreDrafter):
         eos = getattr(tokenizer, "eos_token_id", None)
         self.engine = LookaheadEngine(c.window, c.ngram, c.guesses, c.pool_from_prompt, seed, eos)
 
+    def forget(self) -> None:
+        self.engine.forget()
+
     def start(self, prompt_ids: list[int]) -> None:
-        self.engine.start(prompt_ids)
+        self.begin_turn()
+        self.engine.start(prompt_ids, keep=True)
 
     def propose(self, state: DecodeState) -> Draft:
         c = self.config

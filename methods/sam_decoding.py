@@ -38,16 +38,17 @@ from typing import Any
 from specbench.automaton import SuffixAutomaton
 from specbench.config import ConfigError
 from specbench.draft import (
-    MEMORY_SCOPES,
     SOURCE_PROMPT,
     SOURCE_RECYCLE,
     SOURCE_RETRIEVAL,
     DecodeState,
     Draft,
     Drafter,
+    ScopedMemory,
     VerifyResult,
+    check_memory,
 )
-from specbench.recycling import TREES, CandidateMatrix, MatrixMemory, TreeTemplate
+from specbench.recycling import TREES, CandidateMatrix, TreeTemplate
 from specbench.registry import register_method
 
 AUXILIARIES = ("recycling", "none")
@@ -75,8 +76,7 @@ class SAMDecodingConfig:
             raise ValueError(f"sam_decoding: auxiliary must be one of {', '.join(AUXILIARIES)}, got '{self.auxiliary}'")
         if self.tree not in TREES:
             raise ValueError(f"sam_decoding: tree must be one of {', '.join(TREES)}, got '{self.tree}'")
-        if self.memory not in MEMORY_SCOPES:
-            raise ValueError(f"sam_decoding: memory must be one of {', '.join(MEMORY_SCOPES)}, got '{self.memory}'")
+        check_memory("sam_decoding", self.memory)
         if TreeTemplate(TREES[self.tree]).max_rank > self.topk:
             raise ValueError(f"sam_decoding: tree '{self.tree}' needs topk >= 8")
 
@@ -97,7 +97,7 @@ def corpus_automaton(documents, max_tokens: int) -> SuffixAutomaton:
 
 
 @register_method
-class SAMDecoding(MatrixMemory, Drafter):
+class SAMDecoding(ScopedMemory, Drafter):
     name = "sam_decoding"
     Config = SAMDecodingConfig
 
@@ -133,6 +133,9 @@ class SAMDecoding(MatrixMemory, Drafter):
                                   "it for the model (or pass a path)")
             path = resolve_store(config.datastore, None)
         return Datastore.load(path, tokenizer, hint=getattr(config, "_store_hint", None))
+
+    def forget(self) -> None:
+        self.matrix.clear()
 
     def start(self, prompt_ids: list[int]) -> None:
         self.begin_turn()

@@ -33,7 +33,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from time import perf_counter
 
-from specbench.draft import SOURCE_RETRIEVAL, DecodeState, Draft, VerifyResult
+from specbench.draft import (
+    SOURCE_BWD,
+    SOURCE_FWD,
+    SOURCE_RETRIEVAL,
+    DecodeState,
+    Draft,
+    ScopedMemory,
+    VerifyResult,
+)
 from specbench.registry import register_method
 from specbench.retrieval import RetrievalConfig, StoreDrafter, retrieval_guesses
 from specbench.spectra_engine import CoreSettings, SpectraCoreEngine
@@ -51,16 +59,21 @@ class SpectraConfig(CoreSettings, RetrievalConfig):
 
 
 @register_method
-class Spectra(StoreDrafter):
+class Spectra(ScopedMemory, StoreDrafter):
     name = "spectra"
     Config = SpectraConfig
+    AUX_FEEDS = (SOURCE_FWD, SOURCE_BWD)
 
     def __init__(self, config: SpectraConfig | None = None, *, vocab_size: int, seed: int = 0, tokenizer=None):
         super().__init__(config or SpectraConfig(), vocab_size=vocab_size, seed=seed, tokenizer=tokenizer)
         self.engine = SpectraCoreEngine(self.config, seed)
 
+    def forget(self) -> None:
+        self.engine.forget()
+
     def start(self, prompt_ids: list[int]) -> None:
-        self.engine.start(prompt_ids)
+        self.begin_turn()
+        self.engine.start(prompt_ids, keep=True)
 
     def guesses(self, state: DecodeState) -> tuple[list[list[int]], list[str], float]:
         """CORE's guesses, then retrieval guesses up to G; with the seconds spent in the store."""

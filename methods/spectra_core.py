@@ -68,9 +68,10 @@ Reading choices: the pool starts with tokens drawn uniformly with replacement
 from the prompt. The paper feeds the dictionaries from the pool only
 (``context_ngrams: false``, the default); ``context_ngrams: true`` also inserts
 every window of N tokens of the prompt (at start) and of the committed output
-(as it grows), like a pool sequence. Dictionaries and pool are reset at every
-:meth:`start` (each sample and turn), so a generation does not depend on the
-ones before it. With ``use_forward_dict: false`` S_fwd is still kept (the
+(as it grows), like a pool sequence. The pool is drawn anew at every
+:meth:`start`; the dictionaries are emptied there too (``memory: turn``, the
+paper's behaviour) or kept across a sample's turns (``sample``) or the run
+(``run``). With ``use_forward_dict: false`` S_fwd is still kept (the
 coverage rule reads it) but proposes nothing. Guesses are not cut to the
 remaining token budget: the core truncates at ``max_new_tokens``.
 """
@@ -79,7 +80,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specbench.draft import DecodeState, Draft, Drafter, VerifyResult
+from specbench.draft import SOURCE_BWD, SOURCE_FWD, DecodeState, Draft, Drafter, ScopedMemory, VerifyResult
 from specbench.registry import register_method
 from specbench.spectra_engine import CoreSettings, SpectraCoreEngine
 
@@ -90,9 +91,10 @@ class SpectraCoreConfig(CoreSettings):
 
 
 @register_method
-class SpectraCore(Drafter):
+class SpectraCore(ScopedMemory, Drafter):
     name = "spectra_core"
     Config = SpectraCoreConfig
+    AUX_FEEDS = (SOURCE_FWD, SOURCE_BWD)  # the candidate pool fills both dictionaries
 
     def __init__(self, config=None, *, vocab_size: int, seed: int = 0, tokenizer=None) -> None:
         config = config or SpectraCoreConfig()
@@ -101,8 +103,12 @@ class SpectraCore(Drafter):
         self.engine = SpectraCoreEngine(config, seed)
         self.dicts, self.pool = self.engine.dicts, self.engine.pool
 
+    def forget(self) -> None:
+        self.engine.forget()
+
     def start(self, prompt_ids: list[int]) -> None:
-        self.engine.start(prompt_ids)
+        self.begin_turn()
+        self.engine.start(prompt_ids, keep=True)
 
     def guesses(self, tokens: list[int]) -> tuple[list[list[int]], list[str]]:
         """The step's guess sequences and their sources, in priority order, at most G."""

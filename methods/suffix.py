@@ -31,7 +31,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specbench.draft import MEMORY_SCOPES, SOURCE_HISTORY, SOURCE_PROMPT, DecodeState, Draft, Drafter
+from specbench.draft import (
+    SOURCE_HISTORY,
+    SOURCE_PROMPT,
+    DecodeState,
+    Draft,
+    Drafter,
+    ScopedMemory,
+    check_memory,
+)
 from specbench.registry import register_method
 from specbench.suffix_tree import SuffixTrie
 
@@ -51,8 +59,7 @@ class SuffixConfig:
             raise ValueError("suffix: max_depth and max_spec_tokens must be >= 1")
         if self.max_spec_factor < 0 or not 0 <= self.min_token_prob <= 1:
             raise ValueError("suffix: need max_spec_factor >= 0 and 0 <= min_token_prob <= 1")
-        if self.memory not in MEMORY_SCOPES:
-            raise ValueError(f"suffix: memory must be one of {', '.join(MEMORY_SCOPES)}, got '{self.memory}'")
+        check_memory("suffix", self.memory)
 
 
 def cut_depth(tokens: list[int], parents: list[int], max_depth: int) -> tuple[list[int], list[int], list[int]]:
@@ -69,7 +76,7 @@ def cut_depth(tokens: list[int], parents: list[int], max_depth: int) -> tuple[li
 
 
 @register_method
-class SuffixDecoding(Drafter):
+class SuffixDecoding(ScopedMemory, Drafter):
     name = "suffix"
     Config = SuffixConfig
 
@@ -84,16 +91,11 @@ class SuffixDecoding(Drafter):
         self.seen = 0  # tokens of the current generation already in the tries
         self.prompt_len = 0
 
-    def reset(self) -> None:
+    def forget(self) -> None:
         self.global_trie = SuffixTrie(self.config.max_depth)
 
-    def begin_sample(self) -> None:
-        if self.config.memory != "run":
-            self.reset()
-
     def start(self, prompt_ids: list[int]) -> None:
-        if self.config.memory == "turn":
-            self.reset()
+        self.begin_turn()
         self.local = SuffixTrie(self.config.max_depth)
         self.local_seq = self.local.new_sequence()
         self.local.extend(self.local_seq, prompt_ids)

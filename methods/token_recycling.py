@@ -33,8 +33,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specbench.draft import MEMORY_SCOPES, SOURCE_RECYCLE, DecodeState, Draft, Drafter, VerifyResult
-from specbench.recycling import TREES, CandidateMatrix, MatrixMemory, TreeTemplate
+from specbench.draft import (
+    SOURCE_RECYCLE,
+    DecodeState,
+    Draft,
+    Drafter,
+    ScopedMemory,
+    VerifyResult,
+    check_memory,
+)
+from specbench.recycling import TREES, CandidateMatrix, TreeTemplate
 from specbench.registry import register_method
 
 
@@ -49,17 +57,14 @@ class TokenRecyclingConfig:
             raise ValueError(f"token_recycling: topk must be >= 1, got {self.topk}")
         if self.tree not in TREES:
             raise ValueError(f"token_recycling: tree must be one of {', '.join(TREES)}, got '{self.tree}'")
-        if self.memory not in MEMORY_SCOPES:
-            raise ValueError(
-                f"token_recycling: memory must be one of {', '.join(MEMORY_SCOPES)}, got '{self.memory}'"
-            )
+        check_memory("token_recycling", self.memory)
         need = TreeTemplate(TREES[self.tree]).max_rank
         if need > self.topk:
             raise ValueError(f"token_recycling: tree '{self.tree}' reads rank {need - 1}; topk must be >= {need}")
 
 
 @register_method
-class TokenRecycling(MatrixMemory, Drafter):
+class TokenRecycling(ScopedMemory, Drafter):
     name = "token_recycling"
     Config = TokenRecyclingConfig
 
@@ -72,6 +77,9 @@ class TokenRecycling(MatrixMemory, Drafter):
         self.template = TreeTemplate(TREES[config.tree])
         self.matrix = CandidateMatrix(vocab_size, config.topk)
         self.root = -1
+
+    def forget(self) -> None:
+        self.matrix.clear()
 
     def start(self, prompt_ids: list[int]) -> None:
         self.begin_turn()

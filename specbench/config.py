@@ -45,7 +45,7 @@ def check_overrides(overrides: list[str]) -> list[str]:
                 raise ConfigError(suggest(bare, value, choices, f"Pick one with {bare}=<name>."))
         if key.startswith("method.") and "." not in key[len("method.") :]:
             field = key[len("method.") :]
-            if field != "name" and not _check_method_field(field, overrides):
+            if field not in PRESET_KEYS and not _check_method_field(field, overrides):
                 item = f"++{item}"
         out.append(item)
     return out
@@ -142,10 +142,23 @@ def model_preset(name: str) -> DictConfig:
     return OmegaConf.load(CONF_DIR / "model" / f"{name}.yaml")
 
 
+# Keys of a method preset that are not the method's own settings.
+PRESET_KEYS = ("name", "budget")
+
+
 def method_params(cfg: DictConfig) -> dict[str, Any]:
     params = OmegaConf.to_container(cfg.method, resolve=True)
-    params.pop("name", None)
+    for key in PRESET_KEYS:
+        params.pop(key, None)
     return params
+
+
+def effective_budget(cfg: DictConfig) -> str:
+    """``budget`` when set on the command line or in the config, else the method preset's, else fixed."""
+    budget = cfg.get("budget")
+    if budget is None:
+        budget = cfg.method.get("budget") or "fixed"
+    return str(budget)
 
 
 def validate(cfg: DictConfig) -> dict[str, Any]:
@@ -166,9 +179,24 @@ def validate(cfg: DictConfig) -> dict[str, Any]:
     except (TypeError, ValueError) as err:
         raise ConfigError(f"method {cfg.method.name}: {err}") from None
     _check_attention(cfg)
+    _check_budget(cfg)
     get_dataset(cfg.dataset.name)
     model_config_check(cfg.model, cfg.hardware)
     return {"method": method_cfg}
+
+
+def _check_budget(cfg: DictConfig) -> None:
+    from specbench.budget import BUDGETS
+    from specbench.registry import get_method
+
+    budget = effective_budget(cfg)
+    if budget not in BUDGETS:
+        raise ConfigError(f"budget must be one of {', '.join(BUDGETS)}, got {budget!r}")
+    if budget == "auto" and not get_method(cfg.method.name).budget_auto:
+        raise ConfigError(
+            f"budget=auto trims the drafts of tree methods; {cfg.method.name} sets its own draft length: "
+            "use budget=fixed"
+        )
 
 
 def _check_attention(cfg: DictConfig) -> None:

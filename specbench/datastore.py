@@ -311,6 +311,7 @@ def write_store(
 # ----------------------------------------------------------------------------- naming and checks
 
 REFINED_SUFFIX = "-refined"
+RANDOM_SUFFIX = "-random"  # the matched-size random control of a refined store
 
 
 def _setting(cfg: Any, key: str, default: Any = None) -> Any:
@@ -468,12 +469,21 @@ def refine_from_args(args: Any) -> Datastore:
     parent = resolve_store(args.store, model_cfg)
     read_meta(parent, build_command(args.store, model_cfg))
     out = Path(args.out).expanduser() if args.out else resolve_store(args.store, model_cfg, refined=True)
+    if args.select == "random" and not args.out:
+        out = parent.with_name(parent.name + RANDOM_SUFFIX)
     keep = float(args.keep)
     if keep <= 0:
         raise ConfigError(f"--keep must be a fraction in (0, 1) or a count >= 1, got {args.keep}")
-    lm = load_model(model_cfg, {"device": args.device, "attn_implementation": "sdpa"})
-    return refine_store(parent, out, lm.model, lm.tokenizer, keep=keep, sample=args.sample, max_len=args.max_len,
-                        batch_size=args.batch_size, seed=args.seed, model_name=args.model, progress=not args.quiet)
+    if args.select == "random":  # nothing is scored: no model
+        from specbench.models import load_tokenizer
+
+        model, tokenizer = None, load_tokenizer(model_cfg)
+    else:
+        lm = load_model(model_cfg, {"device": args.device, "attn_implementation": "sdpa"})
+        model, tokenizer = lm.model, lm.tokenizer
+    return refine_store(parent, out, model, tokenizer, keep=keep, sample=args.sample, max_len=args.max_len,
+                        batch_size=args.batch_size, seed=args.seed, model_name=args.model, progress=not args.quiet,
+                        select=args.select)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -513,6 +523,9 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--batch-size", type=int, default=8)
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--device", default="cpu")
+    r.add_argument("--select", default="perplexity", choices=["perplexity", "random"],
+                   help="perplexity: the lowest-perplexity pieces (SPECTRA); random: as many pieces drawn at random, "
+                        "the control at a matched size (default out: <store>-random)")
     i = sub.add_parser("info", parents=[common], help="print a store's meta")
     i.add_argument("--store", default="stdlib")
     args = parser.parse_args(argv)

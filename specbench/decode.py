@@ -6,6 +6,7 @@ from time import perf_counter
 
 import torch
 
+from specbench.budget import AutoBudget
 from specbench.draft import DecodeState, Draft, Drafter, VerifyResult
 from specbench.record import GenerationRecord
 from specbench.sampling import SamplingParams, accept
@@ -39,11 +40,13 @@ def generate(
     sampling: SamplingParams | None = None,
     eos_token_ids: list[int] | tuple[int, ...] = (),
     generator: torch.Generator | None = None,
+    budget: AutoBudget | None = None,
 ) -> GenerationRecord:
     """Generate up to ``max_new_tokens`` tokens after ``prompt_ids`` with ``drafter``.
 
     The output is the target's own (greedy: token for token the autoregressive
-    output; sampling: the target's distribution) whatever the drafter proposes.
+    output; sampling: the target's distribution) whatever the drafter proposes,
+    and whatever part of it ``budget`` (``budget=auto``) keeps.
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -74,6 +77,8 @@ def generate(
         draft = drafter.propose(DecodeState(seq, len(prompt_ids), max_new_tokens, step))
         if draft is None:
             draft = _EMPTY
+        if budget is not None:
+            draft = budget.plan(draft, seq)
         target.sync()  # a draft model's kernels count as draft time, not forward time
         proposed = perf_counter()
         past_len = cache.get_seq_length()
@@ -105,5 +110,7 @@ def generate(
             for depth, i in enumerate(path[: min(kept, len(path))], start=1):
                 record.accepted_by_source.update(draft.sources_of(i))
                 record.accepted_by_position[depth] += 1
+    if budget is not None:
+        budget.finish(seq)
     record.decode_s = sum(record.step_times[1:])
     return record

@@ -48,6 +48,31 @@ SOURCE_HISTORY = "history"  # earlier outputs of the same run (SuffixDecoding's 
 MEMORY_SCOPES = ("turn", "sample", "run")
 
 
+def check_memory(method: str, memory: str) -> None:
+    if memory not in MEMORY_SCOPES:
+        raise ValueError(f"{method}: memory must be one of {', '.join(MEMORY_SCOPES)}, got '{memory}'")
+
+
+class ScopedMemory:
+    """Mixin for drafters whose learned state can outlive a generation. It is kept for
+    ``self.config.memory`` (:data:`MEMORY_SCOPES`); the drafter defines :meth:`forget` and its
+    ``start`` calls :meth:`begin_turn`."""
+
+    def forget(self) -> None:
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        self.forget()
+
+    def begin_sample(self) -> None:
+        if self.config.memory != "run":
+            self.forget()
+
+    def begin_turn(self) -> None:
+        if self.config.memory == "turn":
+            self.forget()
+
+
 @dataclass
 class Draft:
     """One step's proposal. All lists of guesses have the same length."""
@@ -248,6 +273,10 @@ class Drafter:
     # True when drafts may branch or carry auxiliary nodes: they need a custom 4-D attention mask,
     # which flash_attention_2 cannot express. Methods that only ever propose one chain set False.
     tree_drafts: ClassVar[bool] = True
+    # budget=auto (specbench.budget) may trim this method's drafts before the forward; the sources
+    # its auxiliary nodes feed (their worth is judged by those sources' acceptance).
+    budget_auto: ClassVar[bool] = True
+    AUX_FEEDS: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
         self,

@@ -208,6 +208,8 @@ class DraftChain:
 class ModelDrafter(Drafter):
     """Propose a chain drawn from a draft model; subclasses decide its length (:meth:`keep_drafting`)."""
 
+    budget_auto = False  # the draft length is the method's own subject (K, or SpecDec++'s head)
+
     def __init__(self, config: Any, *, vocab_size: int, seed: int = 0, tokenizer: Any = None, context=None):
         config.validate()
         super().__init__(config, vocab_size=vocab_size, seed=seed, tokenizer=tokenizer, context=context)

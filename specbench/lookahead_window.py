@@ -122,12 +122,17 @@ class LookaheadEngine:
         self.root = -1
         self.indexed = 0  # tokens whose n-grams (ending there) are in the pool (pool_from_prompt)
 
-    def start(self, prompt_ids: list[int]) -> None:
-        """A new generation: level 0 drawn from the prompt (seeded), an empty pool."""
+    def forget(self) -> None:
+        """Empty the n-gram pool (what the engine learns)."""
+        self.pool = NgramPool(self.guesses)
+
+    def start(self, prompt_ids: list[int], keep: bool = False) -> None:
+        """A new generation: level 0 drawn from the prompt (seeded), an empty pool unless ``keep``."""
         self.rng = random.Random(self.seed)
         self.prompt = list(prompt_ids)
         self.levels = [[self.rng.choice(self.prompt) for _ in range(self.window + self.ngram - 3)]]
-        self.pool = NgramPool(self.guesses)
+        if not keep:
+            self.forget()
         self.indexed = 0
         self.index_text(self.prompt)
 
@@ -155,7 +160,10 @@ class LookaheadEngine:
         return draft
 
     def update(self, top_logits) -> None:
-        """One Jacobi iteration from the top level's logits: harvest (steady window), then advance."""
+        """One Jacobi iteration from the top level's logits: harvest (steady window), then advance.
+        No logits (the step went without the window, see specbench.budget): the window waits."""
+        if top_logits is None:
+            return
         new = top_logits.argmax(-1).tolist()
         if len(self.levels) == self.ngram - 1:
             for key, seq in harvest(self.levels, self.root, new):

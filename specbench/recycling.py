@@ -158,20 +158,3 @@ class CandidateMatrix:
         if token >= len(self.filled) or not self.filled[token]:
             return []
         return [t for t in self.rows[token].tolist() if t >= 0]
-
-
-class MatrixMemory:
-    """Mixin for drafters whose learned state is a :class:`CandidateMatrix` ``self.matrix`` kept for
-    ``self.config.memory`` (``turn`` | ``sample`` | ``run``, see :data:`specbench.draft.MEMORY_SCOPES`).
-    The drafter's ``start`` calls :meth:`begin_turn`."""
-
-    def reset(self) -> None:
-        self.matrix.clear()
-
-    def begin_sample(self) -> None:
-        if self.config.memory != "run":
-            self.matrix.clear()
-
-    def begin_turn(self) -> None:
-        if self.config.memory == "turn":
-            self.matrix.clear()

@@ -22,6 +22,7 @@ import json
 import math
 import random
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -110,11 +111,30 @@ def kept_indices(scores: dict[int, float], keep: float) -> list[int]:
     return sorted(ranked[:count])  # corpus order
 
 
+SELECTIONS = ("perplexity", "random")
+
+
+def _refined_extra(parent_path: Path, parent: Datastore, refinement: dict) -> dict:
+    extra = {
+        "parent": {"path": str(parent_path), "fingerprint": parent.meta["fingerprint"],
+                   "tokens": parent.meta["tokens"], "source": parent.meta["source"]},
+        "refinement": refinement,
+    }
+    if parent.meta.get("prompts"):  # model outputs stay tied to their prompts
+        extra["prompts"] = parent.meta["prompts"]
+    return extra
+
+
 def refine_store(parent_path: Path, out_path: Path, model: torch.nn.Module, tokenizer: Any = None, *,
                  keep: float = 0.5, sample: int | None = None, max_len: int = 256, min_len: int = 8,
                  batch_size: int = 8, seed: int = 0, model_name: str = "", progress: bool = True,
-                 on_batch: Callable[[int], None] | None = None) -> Datastore:
-    """Score the parent store's pieces under ``model``, keep the lowest-perplexity ones, index them."""
+                 on_batch: Callable[[int], None] | None = None, select: str = "perplexity") -> Datastore:
+    """Score the parent store's pieces under ``model``, keep the lowest-perplexity ones, index them.
+
+    ``select="random"`` is the control at a matched size: as many pieces of the same (sampled)
+    subset, drawn at random instead of by perplexity (nothing is scored)."""
+    if select not in SELECTIONS:
+        raise ConfigError(f"refine: select must be one of {', '.join(SELECTIONS)}, got '{select}'")
     parent = Datastore.load(parent_path, tokenizer)
     seqs = pieces(parent, max_len, min_len)
     if not seqs:
@@ -125,21 +145,29 @@ def refine_store(parent_path: Path, out_path: Path, model: torch.nn.Module, toke
     subset = [seqs[i] for i in chosen]
     header = {"parent": parent.meta["fingerprint"], "model": model_name, "max_len": max_len, "min_len": min_len,
               "sample": sample, "seed": seed}
+    if select == "random":
+        count = len(kept_indices(dict.fromkeys(range(len(subset)), 0.0), keep))
+        kept = sorted(random.Random(seed + 1).sample(range(len(subset)), count))
+        return write_store(out_path, [subset[i] for i in kept], tokenizer=parent.meta["tokenizer"],
+                           source={"kind": "random-subset", "description": f"{count} of {len(subset)} pieces of "
+                                   f"{parent.meta['source'].get('description', parent_path.name)}, drawn at random "
+                                   "(the control for refinement at a matched size)"},
+                           extra=_refined_extra(parent_path, parent, dict(
+                               select="random", scored=0, pieces=len(seqs), kept=count, keep=keep, sample=sample,
+                               seed=seed, max_len=max_len, min_len=min_len)),
+                           total=count, progress=progress)
     work = out_path.with_name(out_path.name + ".work")
+    t0 = time.perf_counter()
     scores = score_pieces(model, subset, work / "scores.tsv", header, batch_size=batch_size, progress=progress,
                           on_batch=on_batch)
     kept = kept_indices(scores, keep)
     kept_ppl = [scores[i] for i in kept]
-    extra = {
-        "parent": {"path": str(parent_path), "fingerprint": parent.meta["fingerprint"],
-                   "tokens": parent.meta["tokens"], "source": parent.meta["source"]},
-        "refinement": {"model": model_name, "scored": len(subset), "pieces": len(seqs), "kept": len(kept),
-                       "kept_fraction": round(len(kept) / len(subset), 6), "keep": keep, "sample": sample,
-                       "seed": seed, "max_len": max_len, "min_len": min_len,
-                       "max_kept_ppl": max(kept_ppl), "median_ppl": float(np.median(list(scores.values())))},
-    }
-    if parent.meta.get("prompts"):  # model outputs stay tied to their prompts
-        extra["prompts"] = parent.meta["prompts"]
+    extra = _refined_extra(parent_path, parent, {
+        "select": "perplexity", "model": model_name, "scored": len(subset), "pieces": len(seqs), "kept": len(kept),
+        "kept_fraction": round(len(kept) / len(subset), 6), "keep": keep, "sample": sample, "seed": seed,
+        "max_len": max_len, "min_len": min_len, "max_kept_ppl": max(kept_ppl),
+        "median_ppl": float(np.median(list(scores.values()))),
+        "score_seconds": round(time.perf_counter() - t0, 1)})  # this invocation's (a resumed one: the rest)
     source = {"kind": "refined", "description": f"lowest-perplexity {len(kept)} of {len(subset)} pieces of "
               f"{parent.meta['source'].get('description', parent_path.name)}"}
     return write_store(out_path, [subset[i] for i in kept], tokenizer=parent.meta["tokenizer"], source=source,

@@ -84,8 +84,10 @@ SOURCES = {
     "figure3": "figure3",
     "figure4": "figure4",
     "figure6": "figure6",
+    "memory_scopes": "memory_scopes",
 }
 TABLES = ("table1", "table2", "table3", "table4", "table5", "table6", "table7")
+EXTRA_TABLES = ("memory_scopes",)  # ours alone, not in the paper: only when asked for by name
 FIGURES = ("figure3", "figure4", "figure6")
 PAPER_FILES = {
     "table1": "table1_speedup_tau.csv",
@@ -542,9 +544,59 @@ def table7(df: pd.DataFrame, paper: dict, compare: dict[str, str] | None = None)
     return Table("table7", "Table 7: summary quality, speedup and τ", [("", header, rows)], notes, _long(records))
 
 
+def _memory(params: Any) -> str:
+    p = json.loads(params) if isinstance(params, str) and params else dict(params or {})
+    return str(p.get("memory", MISSING))
+
+
+MEMORY_ORDER = {"turn": 0, "sample": 1, "run": 2}
+
+
+def memory_scopes(df: pd.DataFrame, paper: dict | None = None, compare: dict[str, str] | None = None) -> Table:
+    """τ per turn and speedup of the drafters whose memory can outlive a generation, kept for one turn,
+    a sample's turns, or the whole run (not a paper table: the papers fix one scope each)."""
+    s = our_summary(df)
+    records, rows = [], []
+    ours = s[s["method"] != BASELINE] if not s.empty else s
+    raw = with_preset(df[df["method"] != BASELINE]) if not df.empty else df
+    turns = sorted(int(t) for t in set(raw["turn"])) if not raw.empty else []
+    if not raw.empty:
+        raw = raw.assign(memory=[_memory(p) for p in raw["method_params"]])
+    if not ours.empty:
+        ours = ours.assign(memory=[_memory(p) for p in ours["method_params"]])
+        ours = ours.sort_values(["model", "dataset", "preset", "memory"],
+                                key=lambda c: c.map(MEMORY_ORDER) if c.name == "memory" else c)
+    for _, g in ours.iterrows():
+        line = [g["model"], g["dataset"], g["preset"], g["memory"]]
+        mine = raw[(raw["model"] == g["model"]) & (raw["dataset"] == g["dataset"]) & (raw["preset"] == g["preset"])
+                   & (raw["memory"] == g["memory"])]
+        for t in turns:
+            rt = mine[mine["turn"] == t]
+            tau = float(rt["new_tokens"].sum() / rt["steps"].sum()) if len(rt) and rt["steps"].sum() else math.nan
+            records.append(dict(model=g["model"], dataset=g["dataset"], preset=g["preset"], memory=g["memory"],
+                                metric=f"tau_turn{t + 1}", ours=tau, paper=math.nan))
+            line.append(fmt(tau))
+        for metric in ("tau", "speedup"):
+            v = float(g[metric]) if metric in g and not _missing(g[metric]) else math.nan
+            records.append(dict(model=g["model"], dataset=g["dataset"], preset=g["preset"], memory=g["memory"],
+                                metric=metric, ours=v, paper=math.nan))
+            line.append(fmt(v))
+        rows.append(line)
+    header = ["model", "dataset", "preset", "memory", *[f"τ turn {t + 1}" for t in turns], "τ", "speedup"]
+    notes = [
+        "Not a paper table: each paper fixes one scope (Token Recycling and SuffixDecoding keep theirs for "
+        "the run, Lookahead and SPECTRA for a generation). turn = forgotten at every generation; sample = kept "
+        "across a sample's turns; run = kept across samples. Speedup needs the baseline in the same job "
+        "(`baseline=true`; the memory_scopes experiment leaves it out).",
+        ACROSS_MACHINES,
+        f"Ours measured on: {_machines(df)}.",
+    ]
+    return Table("memory_scopes", "Cross-request memory: τ by scope", [("", header, rows)], notes, _long(records))
+
+
 BUILDERS: dict[str, Callable[..., Table]] = {
     "table1": table1, "table2": table2, "table3": table3, "table4": table4,
-    "table5": table5, "table6": table6, "table7": table7,
+    "table5": table5, "table6": table6, "table7": table7, "memory_scopes": memory_scopes,
 }
 
 
@@ -748,7 +800,7 @@ def write_report(
         if source not in cache:
             cache[source] = load_experiment(results, source)
         df = cache[source]
-        if name in TABLES:
+        if name in BUILDERS:
             table = BUILDERS[name](df, paper, compare)
             if df.empty:
                 table.notes.insert(0, f"No results under {results / source}: run `make {source}` first.")
@@ -800,7 +852,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         description="Tables and figures of the SPECTRA paper from results/, beside the published numbers.",
     )
     parser.add_argument("what", nargs="*", default=["all"],
-                        help="table1 … table7, figure3, figure4, figure6, tables, figures or all (default)")
+                        help="table1 … table7, figure3, figure4, figure6, tables, figures or all (default); "
+                             "memory_scopes (not a paper table)")
     parser.add_argument("--results", default="results", help="results folder (default: results)")
     parser.add_argument("--out", default="reports", help="output folder (default: reports)")
     parser.add_argument("--paper-dir", default=None,

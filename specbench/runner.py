@@ -10,6 +10,7 @@ sample × turn as soon as it exists (a re-run skips what is recorded).
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 import sys
 import time
@@ -23,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from specbench import data as datasets_
-from specbench.config import BOOKKEEPING, ConfigError, model_preset, validate
+from specbench.config import BOOKKEEPING, ConfigError, effective_budget, model_preset, validate
 from specbench.decode import generate
 from specbench.draft import DrafterContext, make_drafter
 from specbench.metrics import format_table, summarize
@@ -130,6 +131,24 @@ def run(cfg: DictConfig) -> Any:
     }
     seen = environment_info(loaded.device)
     _warn_device_mismatch(cfg.hardware, seen["device_name"])
+    auto = effective_budget(cfg) == "auto"
+    cost = None
+    if auto:
+        from specbench.costs import load_or_measure
+
+        cost = load_or_measure(loaded, loaded.name, loaded.dtype, str(cfg.hardware.get("attn_implementation", "")),
+                               progress=bool(cfg.get("progress", True)))
+
+    def new_budgets() -> dict[str, Any]:
+        """budget=auto: one trimmer for the method (the baseline drafts nothing), fresh statistics."""
+        from specbench.budget import AutoBudget
+
+        return {method: AutoBudget(cost, aux_feeds=get_method(method).AUX_FEEDS)} if auto else {}
+
+    budgets = new_budgets()
+    curve = json.dumps(cost.to_dict()) if cost is not None else ""
+    budget_columns = {n: {"budget": "auto" if auto and n == method else "fixed",
+                          "cost_curve": curve if n == method else ""} for n in methods}
     done = writer.done_keys()
 
     context = {
@@ -149,7 +168,8 @@ def run(cfg: DictConfig) -> Any:
         "device": cfg.hardware.label,
         "attn_implementation": cfg.hardware.get("attn_implementation", ""),
     }
-    presets = {name: preset_name(cfg) if name == method else name for name in methods}
+    # budget=auto rows are their own preset: two budgets of one method never merge in a table
+    presets = {name: preset_name(cfg) + (":auto" if auto else "") if name == method else name for name in methods}
     params_json = {
         name: dataclasses.asdict(d.config) if dataclasses.is_dataclass(d.config) else {}
         for name, d in drafters.items()
@@ -172,10 +192,12 @@ def run(cfg: DictConfig) -> Any:
                     sampling=sampling,
                     eos_token_ids=loaded.eos_token_ids,
                     generator=_generator(cfg.seed, "warmup", 0),
+                    budget=budgets.get(name),
                 )
 
     for d in drafters.values():  # warm-up generations teach a drafter nothing that is recorded
         d.reset()
+    budgets = new_budgets()  # nor the budget's acceptance statistics
 
     bar = tqdm(
         total=n_gen,
@@ -215,6 +237,7 @@ def run(cfg: DictConfig) -> Any:
                 sampling=sampling,
                 eos_token_ids=loaded.eos_token_ids,
                 generator=_generator(cfg.seed, sample.sample_id, turn),
+                budget=budgets.get(name),
             )
             text = tok.decode(rec.output_ids, skip_special_tokens=True)
             scores = ddef.score(sample, text, turn, cfg.dataset)
@@ -224,7 +247,7 @@ def run(cfg: DictConfig) -> Any:
                 sample_id=sample.sample_id,
                 turn=turn,
                 output_text=text,
-                extra=scores,
+                extra={**scores, **budget_columns[name]},
             )
             earlier = writer.recorded(key)  # a concurrent job of this run may have finished it meanwhile
             if earlier is None:

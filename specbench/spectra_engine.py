@@ -27,7 +27,7 @@ from typing import ClassVar
 
 import torch
 
-from specbench.draft import SOURCE_BWD, SOURCE_FWD, Draft
+from specbench.draft import SOURCE_BWD, SOURCE_FWD, Draft, check_memory
 from specbench.ngram_dicts import READINGS, CandidatePool, NgramDicts
 
 
@@ -47,6 +47,7 @@ class CoreSettings:
     use_backward_dict: bool = True
     sub_ngrams: bool = True
     context_ngrams: bool = False  # also learn n-grams of the prompt and committed output
+    memory: str = "turn"  # how long the dictionaries live: turn (the paper) | sample | run
 
     def validate(self) -> None:
         m = self._method
@@ -58,6 +59,7 @@ class CoreSettings:
             raise ValueError(f"{m}: max_guesses must be >= 1, got {self.max_guesses}")
         if not 0.0 <= self.coverage_threshold <= 1.0:
             raise ValueError(f"{m}: coverage_threshold must be in [0, 1], got {self.coverage_threshold}")
+        check_memory(m, self.memory)
         if self.coverage_reading not in READINGS:
             raise ValueError(
                 f"{m}: coverage_reading must be one of {', '.join(READINGS)}, got {self.coverage_reading!r}"
@@ -76,11 +78,19 @@ class SpectraCoreEngine:
         self.rng = random.Random(seed)
         self._learned = 0  # context tokens already inserted as window ends (context_ngrams)
 
-    def start(self, prompt_ids: list[int]) -> None:
-        """A new generation: empty dictionaries, a pool drawn from the prompt, the RNG reseeded."""
+    def forget(self) -> None:
+        """Empty the dictionaries (what the engine learns)."""
         self.dicts.clear()
+
+    def start(self, prompt_ids: list[int], keep: bool = False) -> None:
+        """A new generation: a pool drawn from the prompt, the RNG reseeded, and empty dictionaries
+        unless ``keep`` (then the coverage rule's key readings still avoid every key kept)."""
+        if not keep:
+            self.forget()
         self.rng = random.Random(self.seed)
         self.pool.reset(prompt_ids, self.rng)
+        self.pool.exclude(list(self.dicts.fwd))
+        self.dicts.new_keys.clear()
         self._learned = 0
         if self.settings.context_ngrams:
             self.learn_context(prompt_ids)

@@ -50,12 +50,15 @@ def assert_greedy_lossless(
     prompts: list[list[int]],
     max_new_tokens: int,
     eos=(),
+    budget=None,
 ) -> list:
-    """Each prompt's greedy output with the method equals autoregressive output. Returns the records."""
+    """Each prompt's greedy output with the method equals autoregressive output. Returns the records.
+    ``budget``: a :class:`specbench.budget.AutoBudget` that trims every draft (budget=auto)."""
     records = []
     for prompt in prompts:
         expected = autoregressive_output(target, prompt, max_new_tokens, eos)
-        rec = generate(target, make_drafter(), prompt, max_new_tokens=max_new_tokens, eos_token_ids=eos)
+        rec = generate(target, make_drafter(), prompt, max_new_tokens=max_new_tokens, eos_token_ids=eos,
+                       budget=budget)
         assert rec.output_ids == expected, f"diverged at token {_first_diff(rec.output_ids, expected)}"
         records.append(rec)
     return records
@@ -150,15 +153,18 @@ def assert_sampling_preserves_distribution(
     trials: int = 4000,
     seed: int = 0,
     target: Target | None = None,
+    make_budget: Callable[[], object] | None = None,
 ) -> float:
-    """Chi-square test of the method's first three sampled tokens against the exact joint."""
+    """Chi-square test of the method's first three sampled tokens against the exact joint
+    (``make_budget``: a budget=auto trimmer per trial)."""
     target = target or BigramTarget()
     prompt = prompt or [1, 2, 3, 1, 2, 3, 4, 1, 2]
     exact = exact_joint(target, prompt, params)
     gen = torch.Generator().manual_seed(seed)
     counts: Counter = Counter()
     for _ in range(trials):
-        rec = generate(target, make_drafter(), prompt, max_new_tokens=3, sampling=params, generator=gen)
+        rec = generate(target, make_drafter(), prompt, max_new_tokens=3, sampling=params, generator=gen,
+                       budget=make_budget() if make_budget else None)
         counts[tuple(rec.output_ids)] += 1
     assert not [s for s, p in exact.items() if p == 0 and counts[s]], "sampled a sequence of probability 0"
     cells = sorted(exact, key=exact.get, reverse=True)

@@ -207,6 +207,14 @@ def test_refinement_keeps_the_lowest_perplexity_and_resumes(tiny_llama, tmp_path
     again = refine_store(tmp_path / "p", tmp_path / "r2", tiny_llama.model, tok, keep=2, batch_size=4,
                          progress=False)
     assert [d.tolist() for d in again.documents()] == [docs[i] for i in sorted(lowest[:2])]
+    # the control at a matched size: as many pieces, drawn at random, nothing scored (no model)
+    control = refine_store(tmp_path / "p", tmp_path / "r3", None, tok, keep=0.5, progress=False, select="random")
+    picked = [d.tolist() for d in control.documents()]
+    assert len(picked) == 3 and all(p in docs for p in picked) and len({tuple(p) for p in picked}) == 3
+    assert control.meta["source"]["kind"] == "random-subset" and control.meta["refinement"]["select"] == "random"
+    assert not (tmp_path / "r3.work").exists()
+    with pytest.raises(ConfigError, match="select must be one of"):
+        refine_store(tmp_path / "p", tmp_path / "r4", None, tok, select="best")
 
 
 def test_kept_indices():

@@ -272,3 +272,26 @@ def test_greedy_lossless_smollm2_cpu_budget(smollm2):
 def test_greedy_lossless_smollm2_paper_budget(smollm2):
     recs = _smol_lossless(smollm2, LookaheadConfig(window=15, ngram=5, guesses=15), 128)
     assert sum(r.accepted_by_source[SOURCE_POOL] for r in recs) > 0
+
+
+@pytest.mark.parametrize("memory,kept_turn,kept_sample", [("run", 1, 1), ("sample", 1, 0), ("turn", 0, 0)])
+def test_memory_scopes_of_the_pool(memory, kept_turn, kept_sample):
+    with pytest.raises(ValueError, match="memory must be one of"):
+        LookaheadConfig(memory="forever").validate()
+    d = Lookahead(LookaheadConfig(window=2, ngram=3, guesses=4, memory=memory), vocab_size=50)
+    d.start([1, 2, 3])
+    d.pool.add(3, (30, 40))
+    d.start([5, 3])  # the next turn: a new window either way
+    assert d.levels and set(d.levels[0]) <= {5, 3}
+    assert (d.pool.get(3) == [(30, 40)]) == kept_turn
+    assert bool(d.propose(DecodeState([5, 3], 2, max_new_tokens=10)).tokens) == kept_turn
+    d.begin_sample()
+    assert bool(len(d.pool)) == kept_sample
+    d.reset()
+    assert len(d.pool) == 0
+
+
+def test_run_memory_is_lossless(target):
+    shared = Lookahead(LookaheadConfig(window=4, ngram=4, guesses=4, memory="run"), vocab_size=128)
+    recs = assert_greedy_lossless(target, lambda: shared, PROMPTS + PROMPTS[:1], 40)
+    assert recs[-1].step_tokens[1] > 1 and recs[-1].tau > recs[0].tau  # the kept pool knows the text

@@ -291,3 +291,25 @@ def test_real_paper_files_have_the_columns_the_report_reads(t1_rows):
     assert not math.isnan(d.loc[(0.0, "spectra", "gsm8k", "tau"), "paper"])
     t2 = report.table2(t1_rows.assign(method="spectra_core", preset="spectra_core"), paper)
     assert t2.data["paper"].notna().any()
+
+
+def test_memory_scopes_table_per_turn_tau_by_scope():
+    def two_turns(method, memory, sid, t1, t2, wall):
+        params = {"memory": memory} if memory else {}
+        a = row(method, sid, t1, wall, dataset="mtbench", params=params, job="m")
+        b = row(method, sid, t2, wall, dataset="mtbench", params=params, job="m", turn=1)
+        return [a, b]
+
+    rows = pd.DataFrame([
+        *two_turns("autoregressive", None, "q", [1] * 6, [1] * 6, 6.0),
+        *two_turns("suffix", "turn", "q", [1, 1, 4], [1, 2, 3], 3.0),  # τ 2.0 and 2.0
+        *two_turns("suffix", "run", "q", [1, 1, 4], [1, 5], 2.5),  # τ 2.0 and 3.0
+    ])
+    t = report.memory_scopes(rows)
+    d = t.data.set_index(["memory", "metric"])
+    assert d.loc[("turn", "tau_turn2"), "ours"] == pytest.approx(2.0)
+    assert d.loc[("run", "tau_turn2"), "ours"] == pytest.approx(3.0)
+    assert d.loc[("run", "tau"), "ours"] == pytest.approx(12 / 5)
+    assert d.loc[("run", "speedup"), "ours"] == pytest.approx(12 / 5.0)  # 12 s of baseline vs 5 s
+    md = t.markdown()
+    assert md.index("| turn |") < md.index("| run |")  # turn, sample, run order

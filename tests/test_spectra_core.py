@@ -467,3 +467,31 @@ def test_smollm2_greedy_lossless_at_the_paper_budget(smollm2):
         target, lambda: drafter(smollm2.model.config.vocab_size), prompts, 256, [tok.eos_token_id]
     )
     assert all(r.tau > 1.0 for r in recs)
+
+
+# ----------------------------------------------------------------------------- memory across generations
+
+
+@pytest.mark.parametrize("memory,kept_turn,kept_sample", [("run", 1, 1), ("sample", 1, 0), ("turn", 0, 0)])
+def test_memory_scopes_of_the_dictionaries(memory, kept_turn, kept_sample):
+    d = drafter(memory=memory, coverage_reading="literal_key")
+    d.start([1, 2, 3])
+    d.engine.dicts.add([4, 5, 6, 7])
+    d.engine._sync_keys()
+    d.start([8, 9])  # the next turn
+    assert (4 in d.dicts.fwd) == kept_turn
+    # the key reading still avoids a kept key after the pool is drawn anew
+    assert bool(d.pool.penalty.size > 4 and np.isneginf(d.pool.penalty[4])) == kept_turn
+    assert bool(d.guesses([8, 4])[0]) == kept_turn
+    d.begin_sample()
+    assert (4 in d.dicts.fwd) == kept_sample
+    d.reset()
+    assert not d.dicts.fwd and not d.dicts.bwd
+
+
+def test_run_memory_is_lossless_and_drafts_from_the_first_step(tiny_llama):
+    target = Target(tiny_llama.model)
+    shared = drafter(memory="run", **SMALL)
+    recs = assert_greedy_lossless(target, lambda: shared, REPETITIVE + REPETITIVE[:1], max_new_tokens=40)
+    # The last generation repeats the first prompt: the kept dictionaries already cover its text.
+    assert recs[-1].step_tokens[1] > 1 and recs[-1].tau > recs[0].tau

@@ -1,0 +1,215 @@
+"""``budget=auto``: each step's block trimmed to what pays on this machine.
+
+Every tree method proposes its preset's draft; the core then keeps the part
+that maximises expected tokens per second under the measured cost curve
+(:class:`specbench.costs.CostModel`), before the forward. Nothing here touches
+the acceptance rule, so outputs are unchanged: a smaller draft is still a draft.
+
+* **Expected tokens.** A guess's chance of being accepted is estimated from
+  running counts by (source, depth, rank among its siblings, 0-3 and "4 or
+  more"): a drafter's first guess at a depth is right far more often than its
+  fifteenth. Sparse keys lean on coarser ones: the rate of (source, depth,
+  rank) is shrunk toward that of (source, depth), that toward the source's,
+  and that toward 1/4 (each by the weight of ``prior`` guesses), so a key never
+  seen starts at what its source does elsewhere. The counts cover every guess the drafter proposed,
+  kept or trimmed: once the output has grown past a guess's depth, the guess
+  counts as accepted when its path equals the output that followed its root.
+  For a greedy target that is exactly acceptance; when sampling, a
+  deterministic guess is accepted with the probability that the target
+  samples it, which is the probability it matches the output: the same rate.
+  So trimming never starves the statistics. A guess never scores above its
+  parent (it cannot be accepted without it); a node that several sources
+  proposed takes the best of their rates. Summed over the kept guesses this is
+  the expected number accepted (siblings' rates are averages over siblings, so
+  they add up to at most one per depth on average).
+* **The trim.** Guesses sorted by score (parents first) are kept while the
+  step's expected tokens per second, (1 + Σ kept scores) / t(1 + aux + kept),
+  grows: the best prefix of that order is kept, as many nodes as maximise it.
+* **Auxiliary nodes** (Lookahead's window, SPECTRA's candidate pool) propose
+  nothing themselves; they feed the sources in the drafter's ``AUX_FEEDS``.
+  Their worth is judged at steady state: with them, every source at its
+  rate and the block paying for them; without them, only the sources they do
+  not feed, and a smaller block. When the second pays better the step goes
+  without them (the drafter's guesses from what it already learned still go).
+  So on a machine where the pool costs more than it brings, CORE falls back to
+  plain decoding, and on a flat (GPU-like) curve everything is kept.
+* **Exploration.** Auxiliary nodes left out stop feeding their sources, whose
+  guesses then go stale and look worse than a running pool would make them;
+  so after ``explore_every`` steps without them one step sends them anyway,
+  and the wait doubles after each such step until a step sends them by choice
+  again (a fixed schedule: no randomness enters decoding; over a long run the
+  exploration costs less and less).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from specbench.costs import CostModel
+from specbench.draft import Draft
+
+BUDGETS = ("fixed", "auto")
+MAX_RANK = 4  # sibling ranks counted apart: 0, 1, 2, 3, and 4 or more
+
+
+def positions(draft: Draft) -> list[tuple[int, int]]:
+    """(depth, rank among the node's siblings in draft order, capped at MAX_RANK) of every guess."""
+    depths = draft.depths()
+    children: Counter = Counter()
+    out = []
+    for i, p in enumerate(draft.parents):
+        out.append((depths[i], min(children[p], MAX_RANK)))
+        children[p] += 1
+    return out
+
+
+@dataclass
+class AcceptanceStats:
+    """Guesses drafted and accepted by (source, depth, sibling rank), for the whole run; the counts
+    of the coarser keys (source, depth) and (source,) are kept beside them."""
+
+    base_rate: float = 0.25
+    prior: float = 2.0  # the weight, in guesses, of the coarser key's rate
+    drafted: Counter = field(default_factory=Counter)
+    accepted: Counter = field(default_factory=Counter)
+
+    def rate(self, source: str, depth: int, rank: int = 0) -> float:
+        r = self.base_rate
+        for key in ((source,), (source, depth), (source, depth, rank)):
+            r = (self.accepted[key] + self.prior * r) / (self.drafted[key] + self.prior)
+        return r
+
+    def _count(self, draft: Draft, i: int, where: tuple[int, int], ok: bool) -> None:
+        depth, rank = where
+        for s in draft.sources_of(i):
+            for key in ((s,), (s, depth), (s, depth, rank)):
+                self.drafted[key] += 1
+                self.accepted[key] += ok
+
+    def observe(self, draft: Draft, accepted_nodes: list[int]) -> None:
+        """Count the guesses of ``draft`` and which were accepted."""
+        accepted = set(accepted_nodes)
+        for i, where in enumerate(positions(draft)):
+            self._count(draft, i, where, i in accepted)
+
+    def observe_output(self, draft: Draft, output: list[int], final: bool = False) -> bool:
+        """Count the guesses of ``draft`` against ``output``, the tokens that followed its root.
+        Returns False (nothing counted) while the output is shorter than the draft's depth, unless
+        ``final`` (the generation ended): then guesses deeper than the output are left out."""
+        where = positions(draft)
+        if where and max(d for d, _ in where) > len(output) and not final:
+            return False
+        matched: list[bool | None] = []
+        for i, p in enumerate(draft.parents):
+            depth = where[i][0]
+            parent_ok = True if p < 0 else matched[p]
+            if parent_ok is None or (parent_ok and depth > len(output)):
+                matched.append(None)  # not known: the output stopped before this depth
+                continue
+            ok = bool(parent_ok) and draft.tokens[i] == output[depth - 1]
+            matched.append(ok)
+            self._count(draft, i, where[i], ok)
+        return True
+
+
+def node_scores(draft: Draft, stats: AcceptanceStats, skip: tuple[str, ...] = ()) -> list[float]:
+    """Each guess's estimated acceptance probability, never above its parent's. With ``skip``, a node
+    proposed only by skipped sources (and its subtree) scores 0."""
+    where = positions(draft)
+    scores: list[float] = []
+    for i, p in enumerate(draft.parents):
+        srcs = [s for s in draft.sources_of(i) if s not in skip]
+        r = max((stats.rate(s, *where[i]) for s in srcs), default=0.0)
+        scores.append(min(r, scores[p]) if p >= 0 else r)
+    return scores
+
+
+def best_prefix(scores: list[float], cost: CostModel, fixed_q: int, context: int) -> tuple[list[int], float]:
+    """The nodes to keep (parents first) and the expected tokens per second of the step."""
+    order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
+    best_k, best_rate, gain = 0, 1.0 / cost(fixed_q, context), 1.0
+    for k, i in enumerate(order, start=1):
+        if scores[i] <= 0:
+            break
+        gain += scores[i]
+        rate = gain / cost(fixed_q + k, context)
+        if rate > best_rate:
+            best_k, best_rate = k, rate
+    return sorted(order[:best_k]), best_rate
+
+
+def subdraft(draft: Draft, keep: list[int], aux: bool) -> Draft:
+    """``draft`` restricted to the guesses ``keep`` (closed under parents), with or without its aux nodes."""
+    new_index = {old: new for new, old in enumerate(keep)}
+    parents = [-1 if draft.parents[i] < 0 else new_index[draft.parents[i]] for i in keep]
+    out = Draft(
+        tokens=[draft.tokens[i] for i in keep],
+        parents=parents,
+        sources=None if draft.sources is None else [draft.sources[i] for i in keep],
+        draft_probs=None if draft.draft_probs is None else draft.draft_probs[keep],
+        lookup_s=draft.lookup_s,
+    )
+    if aux:
+        out.aux_tokens, out.aux_positions = draft.aux_tokens, draft.aux_positions
+        out.aux_visible, out.aux_logit_rows = draft.aux_visible, draft.aux_logit_rows
+    return out
+
+
+class AutoBudget:
+    """Trims drafts under a cost curve; learns acceptance rates from every step it planned."""
+
+    def __init__(self, cost: CostModel, aux_feeds: tuple[str, ...] = (), explore_every: int = 16,
+                 stats: AcceptanceStats | None = None) -> None:
+        if explore_every < 0:
+            raise ValueError(f"budget: explore_every must be >= 0, got {explore_every}")
+        self.cost, self.aux_feeds, self.explore_every = cost, tuple(aux_feeds), explore_every
+        self.stats = stats or AcceptanceStats()
+        self.steps = 0
+        self.skipped_aux = 0  # steps that went without their aux nodes since the last exploration
+        self.next_explore = explore_every  # doubles after each exploration, back when aux pays again
+        self.kept: list[int] = []  # guesses kept per step (what `auto` chose)
+        self.proposed: list[int] = []  # guesses the drafter proposed per step
+        self.aux_sent: list[bool] = []
+        self._pending: list[tuple[Draft, int]] = []  # whole drafts waiting for their output, with its start
+
+    def plan(self, draft: Draft, tokens: list[int]) -> Draft:
+        """The part of ``draft`` to verify after ``tokens`` (the sequence so far, its root last)."""
+        self.steps += 1
+        self._resolve(tokens)
+        if len(draft):
+            self._pending.append((draft, len(tokens)))
+        self.proposed.append(len(draft))
+        context = len(tokens)
+        scores = node_scores(draft, self.stats)
+        keep, rate = best_prefix(scores, self.cost, 1 + draft.n_aux, context)
+        aux = bool(draft.n_aux)
+        if aux:  # steady state without the aux nodes: the sources they feed dry up
+            alone = node_scores(draft, self.stats, skip=self.aux_feeds) if self.aux_feeds else scores
+            _, rate_without = best_prefix(alone, self.cost, 1, context)
+            if rate_without > rate:
+                self.skipped_aux += 1
+                if self.explore_every and self.skipped_aux >= self.next_explore:
+                    self.skipped_aux, self.next_explore = 0, 2 * self.next_explore  # explore: send them
+                else:
+                    aux = False
+                    keep, _ = best_prefix(scores, self.cost, 1, context)  # what was learned still drafts
+            else:
+                self.next_explore = self.explore_every
+        self.kept.append(len(keep))
+        self.aux_sent.append(aux)
+        if (aux or not draft.n_aux) and len(keep) == len(draft):
+            return draft
+        return subdraft(draft, keep, aux)
+
+    def _resolve(self, tokens: list[int], final: bool = False) -> None:
+        waiting = []
+        for draft, start in self._pending:
+            if not self.stats.observe_output(draft, tokens[start:], final):
+                waiting.append((draft, start))
+        self._pending = waiting
+
+    def finish(self, tokens: list[int]) -> None:
+        """The generation ended with ``tokens``: count what can still be judged, forget the rest."""
+        self._resolve(tokens, final=True)
+        self._pending = []

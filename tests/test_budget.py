@@ -1,0 +1,265 @@
+"""budget=auto: the cost curve, the acceptance statistics and the trim by hand; then lossless decoding
+with trimmed drafts (greedy fp32 and the sampling distribution) and a run through the runner."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from methods.lookahead import Lookahead, LookaheadConfig
+from methods.spectra_core import SpectraCore, SpectraCoreConfig
+from methods.token_recycling import TokenRecycling, TokenRecyclingConfig
+from specbench.budget import AcceptanceStats, AutoBudget, best_prefix, node_scores, positions, subdraft
+from specbench.config import ConfigError
+from specbench.costs import CostModel, load_or_measure, measure, monotone
+from specbench.draft import SOURCE_BWD, SOURCE_FWD, SOURCE_RETRIEVAL, Draft
+from specbench.results import load_results
+from specbench.runner import run
+from specbench.sampling import SamplingParams
+from specbench.verify import Target
+from tests.lossless import SMALL_VOCAB, assert_greedy_lossless, assert_sampling_preserves_distribution
+from tests.test_config import make_cfg
+
+LINEAR = CostModel(qs=[1, 2], contexts=[0], seconds=[[1.0, 2.0]])  # t(q) = q: no block ever pays
+CHEAP = CostModel(qs=[1, 2], contexts=[0], seconds=[[1.0, 1.1]])  # t(q) = 1 + 0.1 (q - 1)
+FLAT = CostModel.flat()
+
+
+# ----------------------------------------------------------------------------- the cost curve
+
+
+def test_cost_model_interpolates_by_hand():
+    m = CostModel(qs=[1, 4], contexts=[100, 300], seconds=[[1.0, 4.0], [2.0, 8.0]])
+    assert m(2, 100) == pytest.approx(2.0)
+    assert m(8, 100) == pytest.approx(8.0)  # the last slope, extended
+    assert m(2, 200) == pytest.approx((2.0 + 4.0) / 2)  # halfway between the two contexts
+    assert m(1, 50) == pytest.approx(1.0) and m(1, 400) == pytest.approx(2.0)  # contexts clamped
+    assert m.relative(100) == pytest.approx([1.0, 4.0])
+    assert FLAT(120) == FLAT(1)
+    assert CostModel.from_dict(json.loads(json.dumps(m.to_dict()))) == m
+    with pytest.raises(ValueError, match="increase"):
+        CostModel(qs=[4, 1], contexts=[0], seconds=[[1.0, 2.0]])
+
+
+def test_monotone_pools_adjacent_violators():
+    assert monotone([1.0, 2.7, 1.3, 1.5, 2.0]) == pytest.approx([1.0, 1.8333, 1.8333, 1.8333, 2.0], rel=1e-3)
+    assert monotone([1.0, 2.0, 3.0]) == [1.0, 2.0, 3.0]
+
+
+def test_measure_and_cache_on_a_tiny_model(tiny_llama, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    target = Target(tiny_llama.model)
+    m = measure(target, tiny_llama.vocab_size, qs=(1, 8), contexts=(16, 64), repeats=1, warmup=1)
+    assert len(m.seconds) == 2 and all(s > 0 for row in m.seconds for s in row)
+    cache = target.new_cache()  # the measurement leaves nothing behind in a model
+    assert cache.get_seq_length() == 0
+    first = load_or_measure(tiny_llama, "tiny-llama", "float32", "sdpa", qs=(1, 4), contexts=(8,), repeats=1)
+    (saved,) = (tmp_path / "costs").glob("tiny-llama-float32-*.json")
+    again = load_or_measure(tiny_llama, "tiny-llama", "float32", "sdpa", qs=(1, 2, 3), contexts=(8,))
+    assert again == first and again.qs == [1, 4]  # read back, not measured again
+    saved.write_text("{broken")
+    assert load_or_measure(tiny_llama, "tiny-llama", "float32", "sdpa", qs=(1, 2), contexts=(8,),
+                           repeats=1).qs == [1, 2]
+
+
+# ----------------------------------------------------------------------------- statistics and the trim
+
+
+def shrink(accepted, drafted, toward):
+    return (accepted + 2.0 * toward) / (drafted + 2.0)
+
+
+def test_acceptance_rates_by_source_depth_and_rank():
+    stats = AcceptanceStats()
+    assert stats.rate(SOURCE_FWD, 1) == pytest.approx(0.25)  # nothing seen: the base rate
+    stats.observe(Draft.chain([5, 6], SOURCE_FWD), accepted_nodes=[0])
+    source = shrink(1, 2, 0.25)
+    assert stats.rate(SOURCE_FWD, 1) == pytest.approx(shrink(1, 1, shrink(1, 1, source)))
+    assert stats.rate(SOURCE_FWD, 2) == pytest.approx(shrink(0, 1, shrink(0, 1, source)))
+    assert stats.rate(SOURCE_FWD, 3, 2) == pytest.approx(source)  # unseen key: its source's rate
+    shared = Draft.from_sequences([[7], [7]], [SOURCE_FWD, SOURCE_BWD])  # one node, two sources
+    stats.observe(shared, accepted_nodes=[0])
+    assert stats.accepted[(SOURCE_BWD, 1, 0)] == 1 and stats.accepted[(SOURCE_FWD, 1, 0)] == 2
+    siblings = Draft.from_sequences([[1], [2], [3], [4], [5], [6]], [SOURCE_FWD] * 6)
+    assert positions(siblings) == [(1, 0), (1, 1), (1, 2), (1, 3), (1, 4), (1, 4)]  # ranks 4+ share a count
+    stats.observe(siblings, accepted_nodes=[1])
+    assert stats.drafted[(SOURCE_FWD, 1, 4)] == 2 and stats.accepted[(SOURCE_FWD, 1, 1)] == 1
+    assert stats.rate(SOURCE_FWD, 1, 1) > stats.rate(SOURCE_FWD, 1, 4)
+
+
+def test_guesses_are_judged_by_the_output_that_followed_them():
+    stats = AcceptanceStats()
+    d = Draft(tokens=[4, 5, 7, 9], parents=[-1, 0, -1, 2], sources=["a", "a", "b", "b"])
+    assert not stats.observe_output(d, [4])  # depth 2 not known yet
+    assert stats.observe_output(d, [4, 5, 6])
+    fine = {k: v for k, v in stats.drafted.items() if len(k) == 3}
+    assert fine == {("a", 1, 0): 1, ("a", 2, 0): 1, ("b", 1, 1): 1, ("b", 2, 0): 1}  # 9 judged: its parent failed
+    assert stats.accepted[("a", 2, 0)] == 1 and stats.accepted[("b",)] == 0
+    ended = AcceptanceStats()
+    assert ended.observe_output(d, [4], final=True)  # the output ended: depth 2 under 4 is unknown
+    assert {k for k in ended.drafted if len(k) == 3} == {("a", 1, 0), ("b", 1, 1), ("b", 2, 0)}
+
+
+class FixedRates:
+    def __init__(self, table):
+        self.table = table
+
+    def rate(self, source, depth, rank=0):
+        return self.table.get((source, depth, rank), 0.0)
+
+
+def test_scores_never_exceed_the_parent_and_take_the_best_source():
+    stats = FixedRates({(SOURCE_FWD, 1, 0): 0.3, (SOURCE_FWD, 2, 0): 0.7, (SOURCE_FWD, 1, 1): 0.1,
+                        (SOURCE_RETRIEVAL, 1, 1): 0.7})
+    d = Draft(tokens=[1, 2, 3], parents=[-1, 0, -1], sources=[SOURCE_FWD, SOURCE_FWD, (SOURCE_FWD, SOURCE_RETRIEVAL)])
+    assert node_scores(d, stats) == pytest.approx([0.3, 0.3, 0.7])  # depth 2 (0.7) capped by its parent (0.3)
+    assert node_scores(d, stats, skip=(SOURCE_FWD,)) == pytest.approx([0.0, 0.0, 0.7])
+
+
+def test_best_prefix_by_hand():
+    scores = [0.9, 0.5, 0.1]
+    assert best_prefix(scores, LINEAR, 1, 0)[0] == []  # 1.9 / 2 < 1 / 1
+    assert best_prefix(scores, FLAT, 1, 0)[0] == [0, 1, 2]
+    keep, rate = best_prefix(scores, CHEAP, 1, 0)  # 1.9/1.1, 2.4/1.2 (best), 2.5/1.3
+    assert keep == [0, 1] and rate == pytest.approx(2.0)
+
+
+def test_subdraft_reindexes_parents_and_drops_aux():
+    d = Draft(tokens=[10, 11, 12, 13], parents=[-1, 0, -1, 2], sources=["a", "b", "c", "d"],
+              aux_tokens=[1, 2], aux_positions=[1, 2], aux_visible=torch.ones(2, 2, dtype=torch.bool).numpy())
+    out = subdraft(d, [2, 3], aux=False)
+    assert out.tokens == [12, 13] and out.parents == [-1, 0] and out.sources == ["c", "d"] and not out.n_aux
+    assert subdraft(d, [0], aux=True).aux_tokens == [1, 2]
+
+
+def pool_draft() -> Draft:
+    seqs = [[4, 5, 6], [4, 7]]
+    d = Draft.from_sequences(seqs, [SOURCE_FWD, SOURCE_BWD])
+    d.aux_tokens, d.aux_positions = [1, 2, 3, 4], [1, 1, 2, 2]
+    d.aux_visible = torch.eye(4, dtype=torch.bool).numpy()
+    return d
+
+
+def test_aux_nodes_go_only_when_they_pay():
+    steep = AutoBudget(LINEAR, aux_feeds=(SOURCE_FWD, SOURCE_BWD), explore_every=0)
+    out = steep.plan(pool_draft(), [9])
+    assert out.tokens == [] and out.n_aux == 0 and steep.aux_sent == [False]  # plain decoding pays best
+    flat = AutoBudget(FLAT, aux_feeds=(SOURCE_FWD, SOURCE_BWD), explore_every=0)
+    d = pool_draft()
+    assert flat.plan(d, [9]) is d  # a GPU-like curve keeps everything
+    for accepted, whole in ((95, True), (5, False)):  # the dictionaries' guesses mostly right, or not
+        cheap = AutoBudget(CHEAP, aux_feeds=(SOURCE_FWD, SOURCE_BWD), explore_every=0)
+        for key in ((SOURCE_FWD,), (SOURCE_FWD, 1), (SOURCE_FWD, 1, 0), (SOURCE_BWD,), (SOURCE_BWD, 1), (SOURCE_BWD, 1, 0)):
+            cheap.stats.drafted[key], cheap.stats.accepted[key] = 100, accepted
+        d = pool_draft()
+        out = cheap.plan(d, [9])
+        if whole:  # 0.94 at depth 1 and (from the source) deeper, 0.1 s per token: all of it pays, pool included
+            assert out is d
+        else:  # 0.06 at depth 1 caps its subtree: the pool costs more than the guesses it feeds bring
+            assert out.tokens == [] and out.n_aux == 0
+    explorer = AutoBudget(LINEAR, aux_feeds=(SOURCE_FWD, SOURCE_BWD), explore_every=2)
+    assert explorer.plan(pool_draft(), [9]).n_aux == 0
+    out = explorer.plan(pool_draft(), [9])  # the second step that would go without the pool sends it
+    assert out.n_aux == 4 and explorer.aux_sent == [False, True]
+    for _ in range(6):
+        explorer.plan(pool_draft(), [9])
+    assert explorer.aux_sent == [False, True] + [False] * 3 + [True] + [False] * 2  # then after 4 more, 8 …
+
+
+# ----------------------------------------------------------------------------- lossless with trimmed drafts
+
+PROMPTS = [[5, 6, 7, 8] * 4, [3, 3, 3, 3, 9], [10, 11, 12, 10, 11, 12, 10, 11], list(range(20, 44))]
+DRAFTERS = {
+    "spectra_core": lambda v: SpectraCore(SpectraCoreConfig(ngram_size=4, pool_size=5, max_guesses=5), vocab_size=v),
+    "lookahead": lambda v: Lookahead(LookaheadConfig(window=4, ngram=4, guesses=4), vocab_size=v),
+    "token_recycling": lambda v: TokenRecycling(TokenRecyclingConfig(tree="cpu", memory="turn"), vocab_size=v),
+}
+
+
+@pytest.mark.parametrize("name", list(DRAFTERS))
+@pytest.mark.parametrize("cost", [CHEAP, LINEAR, FLAT], ids=["cheap", "linear", "flat"])
+def test_trimmed_drafts_are_lossless(tiny_llama, name, cost):
+    cls = type(DRAFTERS[name](128))
+    budget = AutoBudget(cost, aux_feeds=cls.AUX_FEEDS, explore_every=4)
+    recs = assert_greedy_lossless(Target(tiny_llama.model), lambda: DRAFTERS[name](128), PROMPTS, 40, budget=budget)
+    drafted = sum(sum(r.step_drafted) for r in recs)
+    if cost is FLAT:
+        assert drafted > 0 and (all(budget.aux_sent) or not cls.AUX_FEEDS)
+    if cost is LINEAR:  # no guess pays when every token costs a step; the pool goes only to explore
+        assert all(k == 0 for k, a in zip(budget.kept, budget.aux_sent, strict=True) if not a)
+
+
+def test_trimmed_guesses_still_teach_the_statistics(tiny_llama):
+    budget = AutoBudget(LINEAR)  # trims every guess
+    assert_greedy_lossless(Target(tiny_llama.model), lambda: DRAFTERS["token_recycling"](128), PROMPTS[:1], 40,
+                           budget=budget)
+    assert sum(budget.kept) == 0 and sum(budget.proposed) > 0
+    assert sum(budget.stats.drafted.values()) > 0 and sum(budget.stats.accepted.values()) > 0
+
+
+@pytest.mark.parametrize("cost", [CHEAP, LINEAR], ids=["cheap", "linear"])
+def test_trimmed_drafts_keep_the_sampling_distribution(cost):
+    params = SamplingParams(temperature=1.0)
+    assert_sampling_preserves_distribution(
+        lambda: SpectraCore(SpectraCoreConfig(ngram_size=3, pool_size=3, max_guesses=3), vocab_size=SMALL_VOCAB),
+        params,
+        trials=3000,
+        make_budget=lambda: AutoBudget(cost, aux_feeds=(SOURCE_FWD, SOURCE_BWD), explore_every=3),
+    )
+
+
+# ----------------------------------------------------------------------------- through the runner
+
+
+def test_runner_records_auto_rows_apart_with_their_curve(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    base = ("experiment=smoke", f"results_dir={tmp_path}", "progress=false", "limit=2", "max_new_tokens=12")
+    run(make_cfg(*base, "budget=auto"))
+    run(make_cfg(*base))
+    df = load_results(tmp_path)
+    method = df[df.method != "autoregressive"]
+    assert set(method.budget) == {"auto", "fixed"}
+    auto = method[method.budget == "auto"]
+    assert all(p.endswith(":auto") for p in auto.preset)  # its own preset: never merged with fixed rows
+    curve = CostModel.from_dict(json.loads(auto.cost_curve.iloc[0]))
+    assert curve.qs[0] == 1 and len(curve.seconds) >= 1
+    assert (df[df.method == "autoregressive"].budget == "fixed").all()
+    ar = {(r.sample_id, r.turn): r.output_ids.tolist() for r in df[df.method == "autoregressive"].itertuples()}
+    assert all(r.output_ids.tolist() == ar[(r.sample_id, r.turn)] for r in auto.itertuples())  # greedy, fp32
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [(("budget=sometimes",), "budget must be one of fixed, auto"),
+     (("method=sps", "model=tiny-llama", "budget=auto"), "use budget=fixed")],
+)
+def test_bad_budget_settings_are_one_line(tmp_path, extra, message):
+    with pytest.raises(ConfigError, match=message):
+        run(make_cfg("experiment=smoke", f"results_dir={tmp_path}", *extra))
+
+
+def test_costs_command_prints_the_curve_and_caches_it(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "SPECBENCH_CACHE": str(tmp_path)}
+    cmd = [sys.executable, "-m", "specbench.costs", "model=tiny-llama"]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "q=128" in out.stdout and "×t(1)" in out.stdout and "context" in out.stderr  # measured, with progress
+    again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert again.stdout == out.stdout and "context" not in again.stderr  # read from the cache
+    bad = subprocess.run([*cmd, "model.dtype=float64"], capture_output=True, text=True, env=env, timeout=300)
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr
+
+
+def test_a_preset_may_name_its_budget_and_the_command_line_wins():
+    from specbench.config import effective_budget, method_params
+
+    cfg = make_cfg("experiment=smoke", "+method.budget=auto")
+    assert effective_budget(cfg) == "auto" and "budget" not in method_params(cfg)
+    assert effective_budget(make_cfg("experiment=smoke", "+method.budget=auto", "budget=fixed")) == "fixed"
+    assert effective_budget(make_cfg("experiment=smoke")) == "fixed"
