@@ -28,8 +28,8 @@ REPORT_ARGS ?=
 REPORT       = $(PY) -m specbench.report --results $(RESULTS) --out $(REPORTS) \
                $(if $(PAPER_DIR),--paper-dir $(PAPER_DIR)) $(REPORT_ARGS)
 SWEEP        = $(PY) run.py -m results_dir=$(RESULTS)
-# reproduce-cpu: every table and figure from real runs of SmolLM2 on the CPU (about an hour on two
-# cores with these limits). Methods and datasets that exist offline; add more with CPU_METHODS=...
+# reproduce-cpu: every table and figure from real runs of SmolLM2 on the CPU (20 min on two cores
+# with these limits, measured, once the stores exist). Methods and datasets that exist offline; add more with CPU_METHODS=...
 CPU_RESULTS ?= results/reproduce-cpu
 CPU_REPORTS ?= reports/reproduce-cpu
 CPU_LIMIT   ?= 2
@@ -159,7 +159,7 @@ memory_scopes: setup ## τ of per-turn / per-sample / per-run drafter memory on 
 report: setup ## every table and figure from what is in results/ (no runs): reports/report.md
 	$(REPORT) all
 
-reproduce-cpu: setup ## the whole pipeline on SmolLM2 on the CPU (about an hour on 2 cores): reports/reproduce-cpu/
+reproduce-cpu: setup ## the whole pipeline on SmolLM2 on the CPU (~20 min on 2 cores once the stores exist): reports/reproduce-cpu/
 	$(PY) -m specbench.datastore info --model smollm2-135m --store stdlib >/dev/null 2>&1 || \
 	  $(PY) -m specbench.datastore build --model smollm2-135m --source stdlib
 	$(PY) -m specbench.datastore info --model smollm2-135m --store stdlib-refined >/dev/null 2>&1 || \

@@ -26,11 +26,13 @@ the acceptance rule, so outputs are unchanged: a smaller draft is still a draft.
   step's expected tokens per second, (1 + Σ kept scores) / t(1 + aux + kept),
   grows: the best prefix of that order is kept, as many nodes as maximise it.
 * **Auxiliary nodes** (Lookahead's window, SPECTRA's candidate pool) propose
-  nothing themselves; they feed the sources in the drafter's ``AUX_FEEDS``.
-  Their worth is judged at steady state: with them, every source at its
-  rate and the block paying for them; without them, only the sources they do
-  not feed, and a smaller block. When the second pays better the step goes
-  without them (the drafter's guesses from what it already learned still go).
+  nothing themselves; they feed the sources in the drafter's ``AUX_FEEDS``,
+  so their worth shows only over many steps. It is measured: the tokens per
+  (modelled) second of the steps that sent them, a running mean over about 32
+  such steps, after ``warm`` steps that always send them. It is compared with
+  the steady state without them: only the sources they do not feed, and a
+  smaller block. When the second pays better the step goes without them (the
+  drafter's guesses from what it already learned still go).
   So on a machine where the pool costs more than it brings, CORE falls back to
   plain decoding, and on a flat (GPU-like) curve everything is kept.
 * **Exploration.** Auxiliary nodes left out stop feeding their sources, whose
@@ -160,7 +162,7 @@ class AutoBudget:
     """Trims drafts under a cost curve; learns acceptance rates from every step it planned."""
 
     def __init__(self, cost: CostModel, aux_feeds: tuple[str, ...] = (), explore_every: int = 16,
-                 stats: AcceptanceStats | None = None) -> None:
+                 stats: AcceptanceStats | None = None, warm: int = 16) -> None:
         if explore_every < 0:
             raise ValueError(f"budget: explore_every must be >= 0, got {explore_every}")
         self.cost, self.aux_feeds, self.explore_every = cost, tuple(aux_feeds), explore_every
@@ -172,6 +174,10 @@ class AutoBudget:
         self.proposed: list[int] = []  # guesses the drafter proposed per step
         self.aux_sent: list[bool] = []
         self._pending: list[tuple[Draft, int]] = []  # whole drafts waiting for their output, with its start
+        self.warm = warm  # steps that send the aux nodes before their worth is judged
+        self.aux_steps = 0
+        self._aux_tokens = self._aux_seconds = 0.0  # running means over the steps that sent aux nodes
+        self._context = 0
 
     def plan(self, draft: Draft, tokens: list[int]) -> Draft:
         """The part of ``draft`` to verify after ``tokens`` (the sequence so far, its root last)."""
@@ -180,14 +186,15 @@ class AutoBudget:
         if len(draft):
             self._pending.append((draft, len(tokens)))
         self.proposed.append(len(draft))
-        context = len(tokens)
+        context = self._context = len(tokens)
         scores = node_scores(draft, self.stats)
         keep, rate = best_prefix(scores, self.cost, 1 + draft.n_aux, context)
         aux = bool(draft.n_aux)
         if aux:  # steady state without the aux nodes: the sources they feed dry up
             alone = node_scores(draft, self.stats, skip=self.aux_feeds) if self.aux_feeds else scores
             _, rate_without = best_prefix(alone, self.cost, 1, context)
-            if rate_without > rate:
+            measured = self._aux_tokens / self._aux_seconds if self.aux_steps else rate
+            if self.aux_steps >= self.warm and rate_without > measured:
                 self.skipped_aux += 1
                 if self.explore_every and self.skipped_aux >= self.next_explore:
                     self.skipped_aux, self.next_explore = 0, 2 * self.next_explore  # explore: send them
@@ -201,6 +208,16 @@ class AutoBudget:
         if (aux or not draft.n_aux) and len(keep) == len(draft):
             return draft
         return subdraft(draft, keep, aux)
+
+    def record(self, draft: Draft, accepted_nodes: list[int]) -> None:
+        """The step verified ``draft`` (as planned) and accepted ``accepted_nodes``: the aux nodes' worth."""
+        if not draft.n_aux:
+            return
+        self.aux_steps += 1
+        w = max(1.0 / 32, 1.0 / self.aux_steps)  # a plain mean at first, then a running one
+        seconds = self.cost(1 + len(draft) + draft.n_aux, self._context)
+        self._aux_tokens += w * (1 + len(accepted_nodes) - self._aux_tokens)
+        self._aux_seconds += w * (seconds - self._aux_seconds)
 
     def _resolve(self, tokens: list[int], final: bool = False) -> None:
         waiting = []

@@ -86,6 +86,8 @@ def generate(
         n = len(draft.tokens)
         rows = logits[: 1 + n]
         path, tokens = accept(draft, rows, sampling, generator)
+        if budget is not None:
+            budget.record(draft, path)
         target.compact(cache, past_len, path)
         target.sync()
         verified = perf_counter()

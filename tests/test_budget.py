@@ -143,14 +143,14 @@ def pool_draft() -> Draft:
 
 
 def test_aux_nodes_go_only_when_they_pay():
-    steep = AutoBudget(LINEAR, aux_feeds=(SOURCE_FWD, SOURCE_BWD), explore_every=0)
+    steep = AutoBudget(LINEAR, aux_feeds=(SOURCE_FWD, SOURCE_BWD), explore_every=0, warm=0)
     out = steep.plan(pool_draft(), [9])
     assert out.tokens == [] and out.n_aux == 0 and steep.aux_sent == [False]  # plain decoding pays best
     flat = AutoBudget(FLAT, aux_feeds=(SOURCE_FWD, SOURCE_BWD), explore_every=0)
     d = pool_draft()
     assert flat.plan(d, [9]) is d  # a GPU-like curve keeps everything
     for accepted, whole in ((95, True), (5, False)):  # the dictionaries' guesses mostly right, or not
-        cheap = AutoBudget(CHEAP, aux_feeds=(SOURCE_FWD, SOURCE_BWD), explore_every=0)
+        cheap = AutoBudget(CHEAP, aux_feeds=(SOURCE_FWD, SOURCE_BWD), explore_every=0, warm=0)
         for key in ((SOURCE_FWD,), (SOURCE_FWD, 1), (SOURCE_FWD, 1, 0), (SOURCE_BWD,), (SOURCE_BWD, 1), (SOURCE_BWD, 1, 0)):
             cheap.stats.drafted[key], cheap.stats.accepted[key] = 100, accepted
         d = pool_draft()
@@ -159,7 +159,7 @@ def test_aux_nodes_go_only_when_they_pay():
             assert out is d
         else:  # 0.06 at depth 1 caps its subtree: the pool costs more than the guesses it feeds bring
             assert out.tokens == [] and out.n_aux == 0
-    explorer = AutoBudget(LINEAR, aux_feeds=(SOURCE_FWD, SOURCE_BWD), explore_every=2)
+    explorer = AutoBudget(LINEAR, aux_feeds=(SOURCE_FWD, SOURCE_BWD), explore_every=2, warm=0)
     assert explorer.plan(pool_draft(), [9]).n_aux == 0
     out = explorer.plan(pool_draft(), [9])  # the second step that would go without the pool sends it
     assert out.n_aux == 4 and explorer.aux_sent == [False, True]
