@@ -41,11 +41,11 @@ from pathlib import Path
 
 from baseline import hf_generate  # bench/ is on sys.path when a script here runs
 from omegaconf import OmegaConf
+from prompts import dataset_prompts  # bench/ is on sys.path when a script here runs
 
 from specbench.budget import AutoBudget
 from specbench.config import CONF_DIR, ConfigError
 from specbench.costs import CostModel, load_or_measure
-from specbench.data import DatasetUnavailableError, get_dataset, select
 from specbench.datastore import RANDOM_SUFFIX, Datastore
 from specbench.decode import generate
 from specbench.metrics import mac_tp, mic_tp
@@ -219,18 +219,10 @@ def main() -> None:
                 loaded, args.model, dtype, hardware_cfg.get("attn_implementation", "sdpa"))
             print(f"cost curve ({dtype}{', flat: GPU-like' if args.flat_cost else ''}):\n{cost.table()}")
         for name in args.datasets:
-            ds_cfg = OmegaConf.load(CONF_DIR / "dataset" / f"{name}.yaml")
-            if name in paths:
-                ds_cfg.path = str(Path(paths[name]).expanduser())
-            ddef = get_dataset(name)
-            try:
-                ddef.check_available(ds_cfg)
-            except DatasetUnavailableError as err:
-                print(f"(skipping {name}: {err})")
+            found = dataset_prompts(name, loaded.tokenizer, model_cfg, limit=args.prompts, path=paths.get(name))
+            if found is None:
                 continue
-            samples = select(ddef.load(ds_cfg), limit=args.prompts, offset=0, shuffle=False, seed=0)
-            chat = bool(model_cfg.get("chat", True))
-            prompts = [ddef.build_prompt(loaded.tokenizer, s, 0, [], ds_cfg, chat) for s in samples]
+            ds_cfg, prompts = found
             run_cfg = OmegaConf.create(
                 {"model": model_cfg, "dataset": ds_cfg, "limit": args.prompts, "offset": 0, "seed": 0}
             )

@@ -24,13 +24,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
-from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
+from prompts import dataset_prompts  # bench/ is on sys.path when a script here runs
 
 from specbench.config import CONF_DIR
-from specbench.data import DatasetUnavailableError, get_dataset, select
 from specbench.decode import generate
 from specbench.draft import Drafter
 from specbench.models import load_model
@@ -109,18 +108,11 @@ def main() -> None:
     for dtype in args.dtypes:
         loaded = load_model(OmegaConf.merge(model_cfg, {"dtype": dtype}), hardware_cfg)
         for name in args.datasets:
-            ds_cfg = OmegaConf.load(CONF_DIR / "dataset" / f"{name}.yaml")
-            if name in paths:
-                ds_cfg.path = str(Path(paths[name]).expanduser())
-            ddef = get_dataset(name)
-            try:
-                ddef.check_available(ds_cfg)
-            except DatasetUnavailableError as err:
-                print(f"(skipping {name}: {err})")
+            found = dataset_prompts(name, loaded.tokenizer, model_cfg, limit=args.prompts, offset=args.offset,
+                                    path=paths.get(name))
+            if found is None:
                 continue
-            samples = select(ddef.load(ds_cfg), limit=args.prompts, offset=args.offset, shuffle=False, seed=0)
-            chat = bool(model_cfg.get("chat", True))
-            prompts = [ddef.build_prompt(loaded.tokenizer, s, 0, [], ds_cfg, chat) for s in samples]
+            _, prompts = found
             tally = run(loaded, prompts, args.budgets, args.readings, args.max_new_tokens, not args.no_baseline)
             base = tally.pop("autoregressive", None)
             for (budget, variant), (tokens, steps, seconds, same, n) in tally.items():
