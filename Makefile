@@ -85,18 +85,22 @@ RETRIEVAL_BENCH ?= pld lookahead-cpu spectra_core-cpu rest-cpu spectra_retrieval
                    spectra_retrieval-cpu:random spectra-cpu spectra-cpu:random lookahead rest spectra_core spectra
 
 # Every training-free method: the retrieval set above plus ANPD and the Spec-Bench leaders.
-BENCH_METHODS ?= pld anpd lookahead-cpu spectra_core-cpu rest-cpu spectra_retrieval-cpu spectra_retrieval-cpu:norefine \
-                 spectra_retrieval-cpu:random spectra-cpu spectra-cpu:random token_recycling-cpu sam_decoding-cpu suffix-cpu \
-                 lookahead spectra_core rest spectra token_recycling sam_decoding suffix
+BENCH_METHODS ?= pld anpd lookahead-cpu spectra_core-cpu spectra_core-cpu:fixed rest-cpu spectra_retrieval-cpu \
+                 spectra_retrieval-cpu:norefine spectra_retrieval-cpu:random spectra-cpu spectra-cpu:fixed spectra-cpu:random \
+                 token_recycling-cpu sam_decoding-cpu suffix-cpu \
+                 lookahead spectra_core spectra_core:auto rest spectra spectra:auto token_recycling sam_decoding suffix
 
 bench: setup bench-stores ## side-by-side speed benchmarks (bench/README.md, ~1 h on 2 cores); DATA_DIR=<dir with gsm8k_test.jsonl> adds GSM8K
 	$(PY) bench/baseline.py
 	$(PY) bench/compare.py --methods $(BENCH_METHODS) $(if $(DATA_DIR),--data gsm8k=$(DATA_DIR)/gsm8k_test.jsonl)
 	$(PY) bench/draft_models.py
+	$(PY) bench/draft_models.py --temperature 1
 
 MODEL ?= smollm2-135m
-train-acceptance-head: setup ## train SpecDec++'s acceptance head for MODEL (default smollm2-135m) with its self-draft; ARGS=... for more
-	$(PY) -m specbench.acceptance_head model=$(MODEL) method=specdec_pp $(ARGS)
+HEAD_TEMPS ?= 1 0
+train-acceptance-head: setup ## train SpecDec++'s acceptance heads for MODEL (default smollm2-135m) and its self-draft: sampled (T=1) and greedy labels
+	for t in $(HEAD_TEMPS); do \
+	  $(PY) -m specbench.acceptance_head model=$(MODEL) method=specdec_pp --temperature $$t $(ARGS) || exit 1; done
 
 bench-stores: setup ## SmolLM2's stores for the retrieval benchmark (standard library, its refined copy, model answers)
 	$(PY) -m specbench.datastore info --store stdlib >/dev/null 2>&1 || $(PY) -m specbench.datastore build --source stdlib

@@ -29,19 +29,13 @@ CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
 def hf_generate(loaded, ids: list[int], max_new_tokens: int, **options) -> list[int]:
-    """transformers' ``generate``, greedy, stopping at the model's EOS tokens; the new token ids."""
+    """transformers' ``generate``, stopping at the model's EOS tokens (greedy unless ``options`` say
+    ``do_sample=True, temperature=...``); the new token ids."""
     eos = loaded.eos_token_ids
+    settings = dict(do_sample=False, eos_token_id=eos, pad_token_id=eos[0], top_p=None, top_k=None, temperature=None)
     with torch.inference_mode():
         out = loaded.model.generate(
-            torch.tensor([ids], device=loaded.device),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            eos_token_id=eos,
-            pad_token_id=eos[0],
-            top_p=None,
-            top_k=None,
-            temperature=None,
-            **options,
+            torch.tensor([ids], device=loaded.device), max_new_tokens=max_new_tokens, **{**settings, **options}
         )
     return out[0, len(ids) :].tolist()
 

@@ -44,7 +44,7 @@ from omegaconf import OmegaConf
 from prompts import dataset_prompts  # bench/ is on sys.path when a script here runs
 
 from specbench.budget import AutoBudget
-from specbench.config import CONF_DIR, ConfigError
+from specbench.config import CONF_DIR, ConfigError, load_preset
 from specbench.costs import CostModel, load_or_measure
 from specbench.datastore import RANDOM_SUFFIX, Datastore
 from specbench.decode import generate
@@ -64,9 +64,7 @@ def preset(name: str, run_cfg=None, store: str | None = None):
     ``<preset>:fixed`` set the budget (default: the preset's). Retrieval presets get ``store`` and are
     checked against ``run_cfg`` as a run checks them (preflight)."""
     base, _, variant = name.partition(":")
-    cfg = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "method" / f"{base}.yaml"))
-    method = cfg.pop("name")
-    preset_budget = cfg.pop("budget", None)
+    method, cfg, preset_budget = load_preset(base)
     if variant not in ("", "norefine", "random", "auto", "fixed"):
         raise SystemExit(f"{name}: the variants are <preset>:norefine, :random, :auto and :fixed")
     budget = variant if variant in ("auto", "fixed") else preset_budget or "fixed"

@@ -21,9 +21,13 @@ Reported: τ (tokens per target forward), the share of drafted tokens accepted,
 speedup (autoregressive time per token / method time per token), the share of
 time spent drafting (propose + update, measured after a device sync), and how
 many greedy outputs equal the baseline's. transformers' runs give only tokens,
-time and equality.
+time and equality. ``--temperature T`` samples instead (every method and
+transformers' peers at T, each prompt's random stream seeded alike); SpecDec++
+then reads the head trained on sampled labels, greedy runs the one trained on
+greedy labels (``--temperature 0``).
 
     python bench/draft_models.py                          # SmolLM2, bf16, 3 MT-Bench prompts
+    python bench/draft_models.py --temperature 1 --prompts 6
     python bench/draft_models.py --dtypes float32 --prompts 2 --max-new-tokens 32 --ks 1 3
 """
 
@@ -46,6 +50,7 @@ from specbench.draft import DrafterContext
 from specbench.models import load_model
 from specbench.provenance import environment_info
 from specbench.registry import build_method_config, get_method
+from specbench.sampling import SamplingParams
 from specbench.verify import Target
 
 
@@ -85,11 +90,12 @@ class Tally:
             self.step_s += sum(rec.step_times)
 
 
-def bench(loaded, prompts, ks: list[int], layers: dict, max_new: int) -> dict[str, Tally]:
+def bench(loaded, prompts, ks: list[int], layers: dict, max_new: int, params: SamplingParams) -> dict[str, Tally]:
     target = Target(loaded.model)
     eos = loaded.eos_token_ids
-    context = DrafterContext(target_model=loaded.model, target_name=loaded.name, device=loaded.device,
-                             dtype=target.dtype)
+    context = DrafterContext(sampling=params, target_model=loaded.model, target_name=loaded.name,
+                             device=loaded.device, dtype=target.dtype)
+    sampled = {} if params.greedy else dict(do_sample=True, temperature=params.temperature)
 
     def drafter(method: str, **params):
         cfg = build_method_config(method, params)
@@ -102,19 +108,21 @@ def bench(loaded, prompts, ks: list[int], layers: dict, max_new: int) -> dict[st
         ours["specdec_pp"] = drafter("specdec_pp", **layers)
     except ConfigError:
         settings = build_method_config("specdec_pp", layers)
-        print(f"(specdec_pp skipped: no head for {loaded.name}; train one with "
-              f"`{train_command(loaded.name, settings)}`)")
+        print(f"(specdec_pp skipped: no head for {loaded.name} at this temperature; train one with "
+              f"`{train_command(loaded.name, settings, params.greedy)}`)")
     assistant = layer_skipping_assistant(loaded.model, ours["sps K=" + str(ks[0])].lm.layers)
     hf = {}  # name -> assistant generation settings (filled once the best fixed K is known)
 
-    def once(name, ids, n):
+    def once(name, ids, n, seed=0):
         start = time.perf_counter()
         if name in ours:
-            rec = generate(target, ours[name], ids, max_new_tokens=n, eos_token_ids=eos)
+            rec = generate(target, ours[name], ids, max_new_tokens=n, eos_token_ids=eos, sampling=params,
+                           generator=torch.Generator().manual_seed(seed))
             return rec.output_ids, rec, time.perf_counter() - start
         for key, value in hf[name].items():  # each prompt starts from the same settings
             setattr(assistant.generation_config, key, value)
-        out = hf_generate(loaded, ids, n, assistant_model=assistant)
+        torch.manual_seed(seed)
+        out = hf_generate(loaded, ids, n, assistant_model=assistant, **sampled)
         return out, None, time.perf_counter() - start
 
     def run(names) -> dict[str, Tally]:
@@ -123,8 +131,8 @@ def bench(loaded, prompts, ks: list[int], layers: dict, max_new: int) -> dict[st
         tallies = {name: Tally() for name in names}
         for i, ids in enumerate(prompts):
             order = names[i % len(names):] + names[: i % len(names)]
-            outs = {name: once(name, ids, max_new) for name in order}
-            ref = outs.get("autoregressive", (None,))[0]
+            outs = {name: once(name, ids, max_new, seed=i) for name in order}
+            ref = outs.get("autoregressive", (None,))[0] if params.greedy else None  # sampled: no reference
             for name, (out, rec, seconds) in outs.items():
                 tallies[name].add(out, rec, seconds, ref is None or out == ref)
         return tallies
@@ -145,14 +153,15 @@ def bench(loaded, prompts, ks: list[int], layers: dict, max_new: int) -> dict[st
     return tallies
 
 
-def report(dtype: str, tallies: dict[str, Tally]) -> None:
+def report(dtype: str, tallies: dict[str, Tally], greedy: bool) -> None:
     base = tallies["autoregressive"]
     for name, t in tallies.items():
         tau = f"{t.tokens / t.steps:5.2f}" if t.steps else "    -"
         acc = f"{t.accepted / t.drafted:5.2f}" if t.drafted else "    -"
         share = f"{t.draft_s / t.step_s:5.2f}" if t.step_s else "    -"
         speedup = (base.seconds / base.tokens) / (t.seconds / t.tokens)
-        print(f"{dtype:9} {name:17} {tau} {acc} {speedup:6.2f}x {share}  {t.match}/{t.n}")
+        same = f"{t.match}/{t.n}" if greedy else "-"
+        print(f"{dtype:9} {name:17} {tau} {acc} {speedup:6.2f}x {share}  {same}")
 
 
 def main() -> None:
@@ -164,7 +173,9 @@ def main() -> None:
     ap.add_argument("--self-first-layers", type=int, default=None, help="default: the sps preset's")
     ap.add_argument("--prompts", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); > 0: sampling at T")
     args = ap.parse_args()
+    params = SamplingParams(temperature=args.temperature)
 
     preset = OmegaConf.load(CONF_DIR / "method" / "sps.yaml")
     layers = {"self_first_layers": preset.self_first_layers, "self_skip_layers": preset.self_skip_layers}
@@ -180,7 +191,8 @@ def main() -> None:
     samples = select(ddef.load(ds_cfg), limit=args.prompts, offset=0, shuffle=False, seed=0)
     sklearn = importlib.util.find_spec("sklearn") is not None
     print(f"machine: {environment_info('cpu')['device_name']}; model {args.model}; self-draft {which};"
-          f" {len(samples)} {args.dataset} prompts, up to {args.max_new_tokens} new tokens, greedy")
+          f" {len(samples)} {args.dataset} prompts, up to {args.max_new_tokens} new tokens, "
+          + ("greedy" if params.greedy else f"sampling at T = {params.temperature}"))
     print("speedup = autoregressive time per token / method time per token, same prompts, same process; "
           f"hf confidence threshold {'adapted (scikit-learn present)' if sklearn else 'fixed at 0.4 (no scikit-learn)'}")
     print(f"{'dtype':9} {'method':17} {'τ':>5} {'acc':>5} {'speedup':>7} {'draft':>5}  same as AR")
@@ -188,7 +200,7 @@ def main() -> None:
         loaded = load_model(OmegaConf.merge(model_cfg, {"dtype": dtype}), hardware_cfg)
         chat = bool(model_cfg.get("chat", True))
         prompts = [ddef.build_prompt(loaded.tokenizer, s, 0, [], ds_cfg, chat) for s in samples]
-        report(dtype, bench(loaded, prompts, args.ks, layers, args.max_new_tokens))
+        report(dtype, bench(loaded, prompts, args.ks, layers, args.max_new_tokens, params), params.greedy)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,10 @@ The head is trained per target × draft pair
 (``python -m specbench.acceptance_head model=<target> method=specdec_pp ...`` or
 ``make train-acceptance-head``) and read from
 ``$SPECBENCH_CACHE/acceptance_heads/<target>__<draft>.pt`` (or ``head_path``);
-a run without one stops before loading any model, naming that command.
+greedy runs read the head trained on greedy labels (``--temperature 0``,
+``...__greedy.pt``): at T = 0 a token is accepted only when it is the target's
+argmax, far less often than ``min(1, p/q)`` says. A run without its head stops
+before loading any model, naming the command that trains it.
 
 The stopping rule only changes how many tokens are proposed, so greedy output
 stays the autoregressive output and sampling keeps the target's distribution.
@@ -43,8 +46,10 @@ class SpecDecPPConfig(DraftModelSettings):
         if self.max_k < 1:
             raise ValueError(f"specdec_pp: max_k must be >= 1, got {self.max_k}")
 
-    def head(self, target_name: str) -> Path:
-        return Path(self.head_path).expanduser() if self.head_path else head_file(target_name, self.identity())
+    def head(self, target_name: str, greedy: bool) -> Path:
+        if self.head_path:
+            return Path(self.head_path).expanduser()
+        return head_file(target_name, self.identity(), greedy)
 
 
 @register_method
@@ -58,20 +63,21 @@ class SpecDecPP(ModelDrafter):
         super().__init__(config or SpecDecPPConfig(), vocab_size=vocab_size, seed=seed, tokenizer=tokenizer,
                          context=context)
         target = self.context.target_name
-        path = self.config.head(target)
+        greedy = self.params.greedy
+        path = self.config.head(target, greedy)
         if not path.is_file():
-            raise ConfigError(missing_head(path, target, self.config))
+            raise ConfigError(missing_head(path, target, self.config, greedy))
         hidden = self.lm.base.config.hidden_size
-        self.head = load_head(path, target, self.config.identity(), hidden).to(self.lm.shape.device)
+        self.head = load_head(path, target, self.config.identity(), hidden, greedy).to(self.lm.shape.device)
         self.kept = 1.0
 
     @classmethod
     def preflight(cls, config: SpecDecPPConfig, run_cfg) -> None:
         config.preflight()
-        target = run_cfg.model.name
-        path = config.head(target)
+        target, greedy = run_cfg.model.name, float(run_cfg.get("temperature", 0.0)) == 0
+        path = config.head(target, greedy)
         if not path.is_file():
-            raise ConfigError(missing_head(path, target, config))
+            raise ConfigError(missing_head(path, target, config, greedy))
 
     def max_length(self) -> int:
         return self.config.max_k
@@ -84,8 +90,9 @@ class SpecDecPP(ModelDrafter):
         return 1.0 - self.kept <= self.config.threshold
 
 
-def missing_head(path: Path, target: str, config: SpecDecPPConfig) -> str:
+def missing_head(path: Path, target: str, config: SpecDecPPConfig, greedy: bool) -> str:
+    labels = "greedy" if greedy else "sampling"
     return (
-        f"specdec_pp: no acceptance head for target '{target}' with draft '{config.identity()}' ({path}): "
-        f"train one with `{train_command(target, config)}` (or set method.head_path)"
+        f"specdec_pp: no acceptance head ({labels} labels) for target '{target}' with draft '{config.identity()}' "
+        f"({path}): train one with `{train_command(target, config, greedy)}` (or set method.head_path)"
     )

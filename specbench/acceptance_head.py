@@ -20,15 +20,24 @@ Training (``python -m specbench.acceptance_head``, or ``make train-acceptance-he
    ``-(y log p̂ + w_rej (1 - y) log(1 - p̂))``, on whole prompts split into a
    training and a held-out set; the held-out loss is printed before and after.
 
+At ``--temperature 0`` (greedy decoding) ``p`` and ``q`` are one-hot at their
+argmaxes, so the label is 1 exactly when the draft's argmax is the target's:
+what greedy verification accepts. A head trained on T = 1 labels predicts
+``min(1, p/q)`` of a sampled token, which at greedy overstates acceptance, so
+greedy runs read a head of their own.
+
 The head is saved as ``$SPECBENCH_CACHE/acceptance_heads/<target>__<draft>.pt``
-with the identity of the target and the draft it was trained for.
+(``...__greedy.pt`` for greedy labels) with the identity of the target and the
+draft it was trained for and its temperature.
 
     python -m specbench.acceptance_head model=smollm2-135m method=specdec_pp --prompts 60
+    python -m specbench.acceptance_head model=smollm2-135m method=specdec_pp --temperature 0
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import math
 import random
@@ -40,7 +49,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from specbench.config import ConfigError
-from specbench.models import cache_root
+from specbench.models import cache_root, private_tmp
 
 HEAD_DIR = "acceptance_heads"
 
@@ -72,24 +81,33 @@ def stop_length(predictions: list[float], threshold: float, cap: int) -> int:
     return min(cap, len(predictions))
 
 
-def head_file(target_name: str, draft_identity: str) -> Path:
-    return cache_root() / HEAD_DIR / f"{target_name}__{draft_identity}.pt"
+def head_file(target_name: str, draft_identity: str, greedy: bool = False) -> Path:
+    """Where the head for a pair lives: one trained on greedy labels for greedy runs, one for sampling."""
+    return cache_root() / HEAD_DIR / f"{target_name}__{draft_identity}{'__greedy' if greedy else ''}.pt"
 
 
 def save_head(path: Path, head: AcceptanceHead, meta: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
+    tmp = private_tmp(path)
     torch.save({"state_dict": head.state_dict(), "hidden_size": head.hidden_size, "depth": head.depth, **meta}, tmp)
     tmp.replace(path)
 
 
-def load_head(path: Path, target_name: str, draft_identity: str, hidden_size: int) -> AcceptanceHead:
-    """A saved head, checked against the pair and hidden size it is used with."""
+def load_head(path: Path, target_name: str, draft_identity: str, hidden_size: int,
+              greedy: bool | None = None) -> AcceptanceHead:
+    """A saved head, checked against the pair, the hidden size and (unless None) the decoding it is used with."""
     saved = torch.load(path, map_location="cpu", weights_only=True)
     if (saved.get("target"), saved.get("draft")) != (target_name, draft_identity):
         raise ConfigError(
             f"acceptance head {path} was trained for target '{saved.get('target')}' with draft "
             f"'{saved.get('draft')}', not '{target_name}' with '{draft_identity}': train one for this pair"
+        )
+    trained_greedy = saved.get("temperature", 1.0) == 0
+    if greedy is not None and trained_greedy != greedy:
+        raise ConfigError(
+            f"acceptance head {path} was trained on {'greedy' if trained_greedy else 'sampled'} labels, this run "
+            f"{'decodes greedily' if greedy else 'samples'}: train one with --temperature "
+            f"{'0' if greedy else 'T (the run temperature)'}"
         )
     if saved["hidden_size"] != hidden_size:
         raise ConfigError(f"acceptance head {path} expects hidden size {saved['hidden_size']}, the draft has {hidden_size}")
@@ -98,14 +116,15 @@ def load_head(path: Path, target_name: str, draft_identity: str, hidden_size: in
     return head.eval()
 
 
-def train_command(target_name: str, settings) -> str:
+def train_command(target_name: str, settings, greedy: bool = False) -> str:
     """The command that trains a head for this pair (named in the error when one is missing)."""
     fields = " ".join(
         f"method.{f.name}={_override(getattr(settings, f.name))}"
         for f in dataclasses.fields(settings)
         if f.name in ("draft_model", "self_first_layers", "self_skip_layers")
     )
-    return f"python -m specbench.acceptance_head model={target_name} method=specdec_pp {fields}"
+    temperature = " --temperature 0" if greedy else ""
+    return f"python -m specbench.acceptance_head model={target_name} method=specdec_pp {fields}{temperature}"
 
 
 def _override(value) -> str:
@@ -158,7 +177,9 @@ def weighted_bce(logits: torch.Tensor, labels: torch.Tensor, w_rej: float) -> to
 
 def train(head: AcceptanceHead, train_set, heldout_set, *, w_rej: float = 6.0, epochs: int = 20, lr: float = 1e-3,
           batch: int = 256, seed: int = 0, progress: bool = True) -> list[float]:
-    """Fit ``head``; return the held-out loss before training and after each epoch."""
+    """Fit ``head``; return the held-out loss before training and after each epoch. The head keeps the
+    weights of its best epoch on the held-out set (early stopping: with hard 0/1 labels, as greedy ones
+    are, a few thousand tokens are overfit within a few epochs)."""
     torch.manual_seed(seed)
     x = torch.cat([h for h, _ in train_set])
     y = torch.cat([lab for _, lab in train_set])
@@ -171,6 +192,7 @@ def train(head: AcceptanceHead, train_set, heldout_set, *, w_rej: float = 6.0, e
             return float(weighted_bce(head(hx), hy, w_rej))
 
     history = [heldout()]
+    best = (history[0], copy.deepcopy(head.state_dict()))
     bar = tqdm(range(epochs), desc="acceptance head", unit="epoch", disable=not progress, file=sys.stderr)
     for _ in bar:
         order = torch.randperm(len(x))
@@ -182,6 +204,9 @@ def train(head: AcceptanceHead, train_set, heldout_set, *, w_rej: float = 6.0, e
             opt.step()
         history.append(heldout())
         bar.set_postfix(heldout=f"{history[-1]:.4f}")
+        if history[-1] < best[0]:
+            best = (history[-1], copy.deepcopy(head.state_dict()))
+    head.load_state_dict(best[1])
     return history
 
 
@@ -215,11 +240,12 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--depth", type=int, default=3, help="residual blocks D")
     ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--temperature", type=float, default=1.0, help="temperature of p and q for the labels")
+    ap.add_argument("--temperature", type=float, default=1.0,
+                    help="temperature of p and q for the labels (0: greedy labels, for greedy runs)")
     ap.add_argument("--out", type=Path, default=None, help="where to save (default: the cache, by pair)")
     args, overrides = ap.parse_known_args(argv)
-    if not 0 < args.heldout < 1 or not 0 <= args.mix < 1 or args.temperature <= 0:
-        raise ConfigError("need 0 < --heldout < 1, 0 <= --mix < 1 and --temperature > 0")
+    if not 0 < args.heldout < 1 or not 0 <= args.mix < 1 or args.temperature < 0:
+        raise ConfigError("need 0 < --heldout < 1, 0 <= --mix < 1 and --temperature >= 0")
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         chosen = any(o.startswith("method=") for o in overrides)
@@ -254,8 +280,10 @@ def main(argv: list[str] | None = None) -> Path:
     labels = torch.cat([lab for _, lab in data])
     print(f"{len(labels)} draft tokens from {len(data)} answers; mean acceptance {float(labels.mean()):.3f}")
     history = train(head, data[n_held:], data[:n_held], w_rej=args.w_rej, epochs=args.epochs, lr=args.lr, seed=cfg.seed)
-    print(f"held-out loss: {history[0]:.4f} before training, {history[-1]:.4f} after ({n_held} held-out answers)")
-    path = args.out or head_file(loaded.name, settings.identity())
+    best = min(range(len(history)), key=history.__getitem__)
+    print(f"held-out loss: {history[0]:.4f} before training, {history[best]:.4f} after epoch {best} (kept; "
+          f"{history[-1]:.4f} after the last), {n_held} held-out answers")
+    path = args.out or head_file(loaded.name, settings.identity(), greedy=params.greedy)
     meta = {"target": loaded.name, "draft": settings.identity(), "w_rej": args.w_rej, "mix": args.mix,
             "temperature": args.temperature, "heldout_history": history, "dataset": ddef.name}
     save_head(path, head, meta)

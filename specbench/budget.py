@@ -29,15 +29,27 @@ the acceptance rule, so outputs are unchanged: a smaller draft is still a draft.
   nothing themselves; they feed the sources in the drafter's ``AUX_FEEDS``,
   so their worth shows only over many steps. It is measured: the tokens per
   (modelled) second of the steps that sent them, a running mean over about 32
-  such steps, after ``warm`` steps that always send them. It is compared with
-  the steady state without them: only the sources they do not feed, and a
-  smaller block. When the second pays better the step goes without them (the
-  drafter's guesses from what it already learned still go).
+  such steps. It is compared with the steady state without them, in which the
+  sources they feed run dry: guesses of a step that went without them are
+  counted under ``<source>/dry``, whose rate starts at 0 (a fed source brings
+  nothing unfed until its own dry steps show otherwise: with ``context_ngrams``
+  SPECTRA's dictionaries still learn from the output). When the second pays
+  better the step goes without them, and the dry guesses that still pay go.
+  A warm-up sends them while their worth is measured, until it has spent
+  ``warm`` plain steps' worth of (modelled) time on them: a pool that adds a
+  fifth of a step is measured over ~40 steps, long enough for Lookahead's
+  window and SPECTRA's dictionaries to start paying, one that adds a whole
+  step over ~8. From the ``MIN_WARM``-th step on the warm-up also ends as soon
+  as the measured worth falls short of the dry rate by more than 1/√(steps so
+  far), so a pool that clearly costs more than it brings (fp32 on this CPU)
+  goes after ~5 steps.
   So on a machine where the pool costs more than it brings, CORE falls back to
-  plain decoding, and on a flat (GPU-like) curve everything is kept.
-* **Exploration.** Auxiliary nodes left out stop feeding their sources, whose
-  guesses then go stale and look worse than a running pool would make them;
-  so after ``explore_every`` steps without them one step sends them anyway,
+  what its dictionaries learn without it, and on a flat (GPU-like) curve
+  everything is kept.
+* **Exploration.** The decision to leave auxiliary nodes out rests on a few
+  measured steps, and the text and the context length change; so after
+  ``explore_every`` steps without them one step sends them anyway (its worth
+  joins the running mean),
   and the wait doubles after each such step until a step sends them by choice
   again (a fixed schedule: no randomness enters decoding; over a long run the
   exploration costs less and less).
@@ -53,6 +65,8 @@ from specbench.draft import Draft
 
 BUDGETS = ("fixed", "auto")
 MAX_RANK = 4  # sibling ranks counted apart: 0, 1, 2, 3, and 4 or more
+DRY = "/dry"  # suffix of a source fed by aux nodes, counted apart in the steps that went without them
+MIN_WARM = 4  # aux steps before the warm-up may end early
 
 
 def positions(draft: Draft) -> list[tuple[int, int]]:
@@ -72,19 +86,21 @@ class AcceptanceStats:
     of the coarser keys (source, depth) and (source,) are kept beside them."""
 
     base_rate: float = 0.25
+    dry_rate: float = 0.0  # the base of a source counted dry: nothing, until its steps without aux show more
     prior: float = 2.0  # the weight, in guesses, of the coarser key's rate
     drafted: Counter = field(default_factory=Counter)
     accepted: Counter = field(default_factory=Counter)
 
     def rate(self, source: str, depth: int, rank: int = 0) -> float:
-        r = self.base_rate
+        r = self.dry_rate if source.endswith(DRY) else self.base_rate
         for key in ((source,), (source, depth), (source, depth, rank)):
             r = (self.accepted[key] + self.prior * r) / (self.drafted[key] + self.prior)
         return r
 
-    def _count(self, draft: Draft, i: int, where: tuple[int, int], ok: bool) -> None:
+    def _count(self, draft: Draft, i: int, where: tuple[int, int], ok: bool, dry: tuple[str, ...] = ()) -> None:
         depth, rank = where
         for s in draft.sources_of(i):
+            s = s + DRY if s in dry else s
             for key in ((s,), (s, depth), (s, depth, rank)):
                 self.drafted[key] += 1
                 self.accepted[key] += ok
@@ -95,10 +111,11 @@ class AcceptanceStats:
         for i, where in enumerate(positions(draft)):
             self._count(draft, i, where, i in accepted)
 
-    def observe_output(self, draft: Draft, output: list[int], final: bool = False) -> bool:
+    def observe_output(self, draft: Draft, output: list[int], final: bool = False, dry: tuple[str, ...] = ()) -> bool:
         """Count the guesses of ``draft`` against ``output``, the tokens that followed its root.
         Returns False (nothing counted) while the output is shorter than the draft's depth, unless
-        ``final`` (the generation ended): then guesses deeper than the output are left out."""
+        ``final`` (the generation ended): then guesses deeper than the output are left out. Sources
+        in ``dry`` are counted under their ``/dry`` name."""
         where = positions(draft)
         if where and max(d for d, _ in where) > len(output) and not final:
             return False
@@ -111,17 +128,17 @@ class AcceptanceStats:
                 continue
             ok = bool(parent_ok) and draft.tokens[i] == output[depth - 1]
             matched.append(ok)
-            self._count(draft, i, where[i], ok)
+            self._count(draft, i, where[i], ok, dry)
         return True
 
 
-def node_scores(draft: Draft, stats: AcceptanceStats, skip: tuple[str, ...] = ()) -> list[float]:
-    """Each guess's estimated acceptance probability, never above its parent's. With ``skip``, a node
-    proposed only by skipped sources (and its subtree) scores 0."""
+def node_scores(draft: Draft, stats: AcceptanceStats, dry: tuple[str, ...] = ()) -> list[float]:
+    """Each guess's estimated acceptance probability, never above its parent's. Sources in ``dry``
+    are read under their ``/dry`` name (what they bring while their aux nodes stay home)."""
     where = positions(draft)
     scores: list[float] = []
     for i, p in enumerate(draft.parents):
-        srcs = [s for s in draft.sources_of(i) if s not in skip]
+        srcs = [s + DRY if s in dry else s for s in draft.sources_of(i)]
         r = max((stats.rate(s, *where[i]) for s in srcs), default=0.0)
         scores.append(min(r, scores[p]) if p >= 0 else r)
     return scores
@@ -162,7 +179,7 @@ class AutoBudget:
     """Trims drafts under a cost curve; learns acceptance rates from every step it planned."""
 
     def __init__(self, cost: CostModel, aux_feeds: tuple[str, ...] = (), explore_every: int = 16,
-                 stats: AcceptanceStats | None = None, warm: int = 16) -> None:
+                 stats: AcceptanceStats | None = None, warm: float = 8.0) -> None:
         if explore_every < 0:
             raise ValueError(f"budget: explore_every must be >= 0, got {explore_every}")
         self.cost, self.aux_feeds, self.explore_every = cost, tuple(aux_feeds), explore_every
@@ -173,8 +190,10 @@ class AutoBudget:
         self.kept: list[int] = []  # guesses kept per step (what `auto` chose)
         self.proposed: list[int] = []  # guesses the drafter proposed per step
         self.aux_sent: list[bool] = []
-        self._pending: list[tuple[Draft, int]] = []  # whole drafts waiting for their output, with its start
-        self.warm = warm  # steps that send the aux nodes before their worth is judged
+        # whole drafts waiting for their output: with its start, and the sources that ran dry
+        self._pending: list[tuple[Draft, int, tuple[str, ...]]] = []
+        self.warm = warm  # plain steps' worth of time spent on aux nodes before their worth is judged
+        self._warm_spent = 0.0
         self.aux_steps = 0
         self._aux_tokens = self._aux_seconds = 0.0  # running means over the steps that sent aux nodes
         self._context = 0
@@ -183,31 +202,37 @@ class AutoBudget:
         """The part of ``draft`` to verify after ``tokens`` (the sequence so far, its root last)."""
         self.steps += 1
         self._resolve(tokens)
-        if len(draft):
-            self._pending.append((draft, len(tokens)))
         self.proposed.append(len(draft))
         context = self._context = len(tokens)
         scores = node_scores(draft, self.stats)
         keep, rate = best_prefix(scores, self.cost, 1 + draft.n_aux, context)
         aux = bool(draft.n_aux)
-        if aux:  # steady state without the aux nodes: the sources they feed dry up
-            alone = node_scores(draft, self.stats, skip=self.aux_feeds) if self.aux_feeds else scores
-            _, rate_without = best_prefix(alone, self.cost, 1, context)
+        if aux:  # steady state without the aux nodes: the sources they feed run dry
+            dry = node_scores(draft, self.stats, dry=self.aux_feeds)
+            dry_keep, rate_without = best_prefix(dry, self.cost, 1, context)
             measured = self._aux_tokens / self._aux_seconds if self.aux_steps else rate
-            if self.aux_steps >= self.warm and rate_without > measured:
+            if rate_without > measured and self._judged(measured / rate_without):
                 self.skipped_aux += 1
                 if self.explore_every and self.skipped_aux >= self.next_explore:
                     self.skipped_aux, self.next_explore = 0, 2 * self.next_explore  # explore: send them
                 else:
-                    aux = False
-                    keep, _ = best_prefix(scores, self.cost, 1, context)  # what was learned still drafts
+                    aux, keep = False, dry_keep  # what was learned still drafts
             else:
                 self.next_explore = self.explore_every
+        if len(draft):
+            self._pending.append((draft, len(tokens), () if aux or not draft.n_aux else self.aux_feeds))
         self.kept.append(len(keep))
         self.aux_sent.append(aux)
         if (aux or not draft.n_aux) and len(keep) == len(draft):
             return draft
         return subdraft(draft, keep, aux)
+
+    def _judged(self, ratio: float) -> bool:
+        """Whether the aux nodes' measured worth, ``ratio`` of the rate without them, is known well
+        enough to go without them: once ``warm`` plain steps' worth of time went to them, or sooner (from ``MIN_WARM``) when it
+        falls short by more than 1/√(aux steps), a tolerance that narrows with the evidence."""
+        k = self.aux_steps
+        return self._warm_spent >= self.warm or (k >= MIN_WARM and ratio < 1 - k**-0.5)
 
     def record(self, draft: Draft, accepted_nodes: list[int]) -> None:
         """The step verified ``draft`` (as planned) and accepted ``accepted_nodes``: the aux nodes' worth."""
@@ -216,14 +241,15 @@ class AutoBudget:
         self.aux_steps += 1
         w = max(1.0 / 32, 1.0 / self.aux_steps)  # a plain mean at first, then a running one
         seconds = self.cost(1 + len(draft) + draft.n_aux, self._context)
+        self._warm_spent += (seconds - self.cost(1 + len(draft), self._context)) / self.cost(1, self._context)
         self._aux_tokens += w * (1 + len(accepted_nodes) - self._aux_tokens)
         self._aux_seconds += w * (seconds - self._aux_seconds)
 
     def _resolve(self, tokens: list[int], final: bool = False) -> None:
         waiting = []
-        for draft, start in self._pending:
-            if not self.stats.observe_output(draft, tokens[start:], final):
-                waiting.append((draft, start))
+        for draft, start, dry in self._pending:
+            if not self.stats.observe_output(draft, tokens[start:], final, dry):
+                waiting.append((draft, start, dry))
         self._pending = waiting
 
     def finish(self, tokens: list[int]) -> None:

@@ -146,6 +146,13 @@ def model_preset(name: str) -> DictConfig:
 PRESET_KEYS = ("name", "budget")
 
 
+def load_preset(preset: str) -> tuple[str, dict[str, Any], str | None]:
+    """``conf/method/<preset>.yaml`` as (method name, its settings, the budget it names or None)."""
+    raw = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "method" / f"{preset}.yaml"))
+    name, budget = raw.pop("name"), raw.pop("budget", None)
+    return name, raw, budget
+
+
 def method_params(cfg: DictConfig) -> dict[str, Any]:
     params = OmegaConf.to_container(cfg.method, resolve=True)
     for key in PRESET_KEYS:

@@ -29,6 +29,7 @@ import os
 import shutil
 import socket
 import tempfile
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -218,6 +219,12 @@ def _build_tiny(tiny: dict, dtype: torch.dtype, attn: str):
 
 def cache_root() -> Path:
     return Path(os.environ.get("SPECBENCH_CACHE") or Path.home() / ".cache" / "specbench")
+
+
+def private_tmp(path: Path) -> Path:
+    """A temporary name beside ``path`` that no other process uses: write there, then ``replace`` onto
+    ``path`` (two jobs filling one cache entry at once must not share, and lose, one temporary file)."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
 
 
 def _package_file(package: str, prefix: str) -> Path:

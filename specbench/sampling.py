@@ -57,8 +57,11 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     CPU only the head of the distribution is ranked (``topk`` of a growing
     size: the nucleus is usually a few dozen tokens, a full sort of the
     vocabulary costs far more); on other devices one full sort, which needs no
-    host synchronisation.
+    host synchronisation. Greedy (temperature 0) is its limit: one-hot at the
+    argmax.
     """
+    if params.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
     scores = logits.float() / params.temperature
     if params.top_k and params.top_k < scores.shape[-1]:
         kth = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]

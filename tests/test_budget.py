@@ -11,10 +11,20 @@ import torch
 from methods.lookahead import Lookahead, LookaheadConfig
 from methods.spectra_core import SpectraCore, SpectraCoreConfig
 from methods.token_recycling import TokenRecycling, TokenRecyclingConfig
-from specbench.budget import AcceptanceStats, AutoBudget, best_prefix, node_scores, positions, subdraft
-from specbench.config import ConfigError
+from specbench.budget import (
+    DRY,
+    MIN_WARM,
+    AcceptanceStats,
+    AutoBudget,
+    best_prefix,
+    node_scores,
+    positions,
+    subdraft,
+)
+from specbench.config import CONF_DIR, ConfigError, load_preset
 from specbench.costs import CostModel, load_or_measure, measure, monotone
 from specbench.draft import SOURCE_BWD, SOURCE_FWD, SOURCE_RETRIEVAL, Draft
+from specbench.registry import get_method
 from specbench.results import load_results
 from specbench.runner import run
 from specbench.sampling import SamplingParams
@@ -115,7 +125,18 @@ def test_scores_never_exceed_the_parent_and_take_the_best_source():
                         (SOURCE_RETRIEVAL, 1, 1): 0.7})
     d = Draft(tokens=[1, 2, 3], parents=[-1, 0, -1], sources=[SOURCE_FWD, SOURCE_FWD, (SOURCE_FWD, SOURCE_RETRIEVAL)])
     assert node_scores(d, stats) == pytest.approx([0.3, 0.3, 0.7])  # depth 2 (0.7) capped by its parent (0.3)
-    assert node_scores(d, stats, skip=(SOURCE_FWD,)) == pytest.approx([0.0, 0.0, 0.7])
+    assert node_scores(d, stats, dry=(SOURCE_FWD,)) == pytest.approx([0.0, 0.0, 0.7])  # fwd/dry: no rate yet
+    stats.table[(SOURCE_FWD + DRY, 1, 0)] = 0.2
+    assert node_scores(d, stats, dry=(SOURCE_FWD,)) == pytest.approx([0.2, 0.0, 0.7])
+
+
+def test_dry_sources_start_at_nothing_and_learn_from_their_own_steps():
+    stats = AcceptanceStats()
+    d = Draft(tokens=[4, 5], parents=[-1, 0], sources=[SOURCE_FWD, SOURCE_FWD])
+    assert stats.rate(SOURCE_FWD, 1) == pytest.approx(0.25) and stats.rate(SOURCE_FWD + DRY, 1) == 0.0
+    for _ in range(20):
+        stats.observe_output(d, [4, 5], dry=(SOURCE_FWD,))
+    assert stats.rate(SOURCE_FWD + DRY, 1) > 0.9 and stats.rate(SOURCE_FWD, 1) == pytest.approx(0.25)
 
 
 def test_best_prefix_by_hand():
@@ -168,6 +189,28 @@ def test_aux_nodes_go_only_when_they_pay():
     assert explorer.aux_sent == [False, True] + [False] * 3 + [True] + [False] * 2  # then after 4 more, 8 …
 
 
+def test_cpu_presets_trim_and_paper_presets_keep_their_blocks():
+    for path in sorted((CONF_DIR / "method").glob("*.yaml")):
+        name, _, budget = load_preset(path.stem)
+        assert budget == ("auto" if path.stem.endswith("-cpu") else None), path.stem
+        if budget == "auto":
+            assert get_method(name).budget_auto
+
+
+def test_warm_up_ends_early_only_when_the_pool_clearly_costs_more():
+    nearly_flat = CostModel(qs=[1, 2], contexts=[0], seconds=[[1.0, 1.02]])  # 7 tokens: 1.12 steps
+    # LINEAR: the pool's 4 tokens add 4 steps, a warm-up of 100 steps' worth would last 25 steps;
+    # nearly flat: they add 0.08 of a step, a warm-up of 1.28 steps' worth lasts 16 steps
+    for cost, warm, sent in ((LINEAR, 100.0, MIN_WARM), (nearly_flat, 1.28 - 1e-9, 16)):
+        budget = AutoBudget(cost, aux_feeds=(SOURCE_FWD, SOURCE_BWD), explore_every=0, warm=warm)
+        for step in range(24):
+            out = budget.plan(pool_draft(), [9] * (step + 1))
+            budget.record(out, [])  # no guess ever accepted: the pool brings nothing
+        # LINEAR: the pool's steps make 1/7 of a plain step's rate, short by more than 1/√4 after 4 steps;
+        # nearly flat: 0.89 of it, within 1/√k until the warm-up's end
+        assert sum(budget.aux_sent) == sent and budget.aux_sent[:sent] == [True] * sent
+
+
 # ----------------------------------------------------------------------------- lossless with trimmed drafts
 
 PROMPTS = [[5, 6, 7, 8] * 4, [3, 3, 3, 3, 9], [10, 11, 12, 10, 11, 12, 10, 11], list(range(20, 44))]
@@ -217,7 +260,7 @@ def test_runner_records_auto_rows_apart_with_their_curve(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
     base = ("experiment=smoke", f"results_dir={tmp_path}", "progress=false", "limit=2", "max_new_tokens=12")
     run(make_cfg(*base, "budget=auto"))
-    run(make_cfg(*base))
+    run(make_cfg(*base, "budget=fixed"))
     df = load_results(tmp_path)
     method = df[df.method != "autoregressive"]
     assert set(method.budget) == {"auto", "fixed"}
@@ -259,7 +302,14 @@ def test_costs_command_prints_the_curve_and_caches_it(tmp_path):
 def test_a_preset_may_name_its_budget_and_the_command_line_wins():
     from specbench.config import effective_budget, method_params
 
-    cfg = make_cfg("experiment=smoke", "+method.budget=auto")
+    cfg = make_cfg("experiment=smoke", "method=spectra_core-cpu")
     assert effective_budget(cfg) == "auto" and "budget" not in method_params(cfg)
-    assert effective_budget(make_cfg("experiment=smoke", "+method.budget=auto", "budget=fixed")) == "fixed"
-    assert effective_budget(make_cfg("experiment=smoke")) == "fixed"
+    assert effective_budget(make_cfg("experiment=smoke", "method=spectra_core-cpu", "budget=fixed")) == "fixed"
+    assert effective_budget(make_cfg("experiment=smoke", "method=spectra_core")) == "fixed"  # a paper preset
+
+
+def test_cache_entries_are_written_through_private_temporary_files(tmp_path):
+    from specbench.models import private_tmp
+
+    a, b = private_tmp(tmp_path / "curve.json"), private_tmp(tmp_path / "curve.json")
+    assert a != b and a.parent == b.parent == tmp_path and a.name.startswith(".curve.json.")

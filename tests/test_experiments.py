@@ -157,7 +157,7 @@ def test_table6_smoke_rows_name_the_preset_and_label(tmp_path):
     assert first.returncode == 0, first.stderr[-3000:]
     df = load_results(tmp_path / "results" / "table6")
     spectra = df[df["method"] == "spectra_core"]
-    assert set(spectra["preset"]) == {"spectra_core-cpu"} and set(df["device"]) == {"1xCPU"}
+    assert set(spectra["preset"]) == {"spectra_core-cpu:auto"} and set(df["device"]) == {"1xCPU"}  # its budget
     assert set(df[df["method"] == "autoregressive"]["preset"]) == {"autoregressive"}
     again = run_cli(*args, f"hydra.sweep.dir={tmp_path}/s2")
     assert again.returncode == 0 and "0 done, 1 skipped (already recorded), 0 failed" in again.stderr

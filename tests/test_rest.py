@@ -2,17 +2,15 @@
 greedy losslessness on tiny models, EOS and max_new_tokens inside accepted runs, sampling."""
 
 import pytest
-from omegaconf import OmegaConf
 
 from methods.rest import REST, RESTConfig
 from methods.spectra_retrieval import SpectraRetrieval, SpectraRetrievalConfig
-from specbench.config import ConfigError
+from specbench.config import ConfigError, load_preset
 from specbench.datastore import tokenizer_identity, write_store
 from specbench.draft import SOURCE_RETRIEVAL, DecodeState
 from specbench.registry import build_method_config, get_method
 from specbench.sampling import SamplingParams
 from specbench.verify import Target
-from tests.conftest import CONF
 from tests.lossless import (
     SMALL_VOCAB,
     assert_eos_inside_accepted_run,
@@ -43,8 +41,7 @@ def hand_store(tmp_path):
     ("spectra_retrieval-cpu", SpectraRetrieval, SpectraRetrievalConfig(max_guesses=5, max_continuation=4)),
 ])
 def test_presets(preset, cls, config):
-    params = OmegaConf.to_container(OmegaConf.load(CONF / "method" / f"{preset}.yaml"))
-    name = params.pop("name")
+    name, params, _ = load_preset(preset)
     assert get_method(name) is cls
     assert build_method_config(name, params) == config
 

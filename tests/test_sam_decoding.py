@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from methods.sam_decoding import SAMDecoding, SAMDecodingConfig, corpus_automaton
-from specbench.config import ConfigError
+from specbench.config import ConfigError, load_preset
 from specbench.datastore import tokenizer_identity, write_store
 from specbench.draft import SOURCE_PROMPT, SOURCE_RECYCLE, SOURCE_RETRIEVAL, DecodeState, Draft, VerifyResult
 from specbench.registry import build_method_config, get_method
 from specbench.sampling import SamplingParams
 from specbench.verify import Target
-from tests.conftest import CONF
 from tests.lossless import (
     CODE_EDIT,
     SMALL_VOCAB,
@@ -41,8 +39,8 @@ def hand_store(tmp_path):
 
 def test_config_yaml_and_registry():
     for preset, tree in [("sam_decoding", "paper"), ("sam_decoding-cpu", "cpu")]:
-        params = OmegaConf.to_container(OmegaConf.load(CONF / "method" / f"{preset}.yaml"))
-        assert params.pop("name") == "sam_decoding"
+        name, params, _ = load_preset(preset)
+        assert name == "sam_decoding"
         assert build_method_config("sam_decoding", params) == SAMDecodingConfig(tree=tree)
     assert get_method("sam_decoding") is SAMDecoding
     for bad in [dict(num_draft=0), dict(auxiliary="eagle"), dict(tree="big"), dict(memory="x"), dict(topk=2)]:

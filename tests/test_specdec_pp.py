@@ -16,9 +16,20 @@ from omegaconf import OmegaConf
 
 from methods.specdec_pp import SpecDecPP, SpecDecPPConfig
 from specbench import runner
-from specbench.acceptance_head import AcceptanceHead, head_file, main, save_head, stop_length, train_command
+from specbench.acceptance_head import (
+    AcceptanceHead,
+    collect,
+    head_file,
+    main,
+    save_head,
+    stop_length,
+    train,
+    train_command,
+    weighted_bce,
+)
 from specbench.config import ConfigError
 from specbench.draft import DecodeState, DrafterContext
+from specbench.draft_model import build_draft_lm
 from specbench.registry import build_method_config
 from specbench.results import load_results
 from specbench.sampling import SamplingParams
@@ -69,11 +80,11 @@ def cache(tmp_path, monkeypatch):
     return tmp_path
 
 
-def random_head(lm, config: SpecDecPPConfig, seed: int = 0):
+def random_head(lm, config: SpecDecPPConfig, seed: int = 0, greedy: bool = True):
     torch.manual_seed(seed)
     head = AcceptanceHead(lm.model.config.hidden_size, 2)
-    path = head_file(lm.name, config.identity())
-    save_head(path, head, {"target": lm.name, "draft": config.identity()})
+    path = head_file(lm.name, config.identity(), greedy)
+    save_head(path, head, {"target": lm.name, "draft": config.identity(), "temperature": 0.0 if greedy else 1.0})
     return path
 
 
@@ -105,7 +116,21 @@ def test_missing_head_fails_before_the_model_loads(cache, tmp_path, monkeypatch)
     with pytest.raises(ConfigError, match="no acceptance head .* train one with `python -m specbench.acceptance_head") as err:
         runner.run(cfg)
     assert "\n" not in str(err.value)
-    assert train_command("tiny-llama", SpecDecPPConfig(self_first_layers=1)) in str(err.value)
+    assert train_command("tiny-llama", SpecDecPPConfig(self_first_layers=1), greedy=True) in str(err.value)
+    assert "--temperature 0" in str(err.value)  # a greedy run needs a head trained on greedy labels
+
+
+def test_greedy_and_sampling_runs_read_their_own_heads(tiny_llama, cache):
+    config = SpecDecPPConfig(self_first_layers=1)
+    sampled = random_head(tiny_llama, config, greedy=False)
+    with pytest.raises(ConfigError, match="greedy labels.*--temperature 0"):
+        drafter(tiny_llama, config)  # greedy: the T = 1 head is not read
+    assert drafter(tiny_llama, config, SamplingParams(temperature=1.0)).head is not None
+    greedy = random_head(tiny_llama, config)
+    assert greedy != sampled and drafter(tiny_llama, config).head is not None
+    wrong = SpecDecPPConfig(self_first_layers=1, head_path=str(sampled))  # a head given by path is checked too
+    with pytest.raises(ConfigError, match="trained on sampled labels, this run decodes greedily"):
+        drafter(tiny_llama, wrong)
 
 
 def test_training_runs_end_to_end_and_lowers_the_heldout_loss(cache, tmp_path):
@@ -117,6 +142,36 @@ def test_training_runs_end_to_end_and_lowers_the_heldout_loss(cache, tmp_path):
     assert saved["target"] == "tiny-llama" and saved["draft"] == "self-first1"
     history = saved["heldout_history"]
     assert history[-1] < history[0]
+
+
+def test_training_keeps_the_best_epoch_on_the_heldout_set():
+    gen = torch.Generator().manual_seed(0)
+    data = [(torch.randn(40, 8, generator=gen), torch.randint(0, 2, (40,), generator=gen).float()) for _ in range(4)]
+    head = AcceptanceHead(8, 2)
+    history = train(head, data[:2], data[2:], epochs=30, lr=3e-2, batch=8, progress=False)  # labels are noise
+    assert min(history) < history[-1]  # it overfits ...
+    hx, hy = torch.cat([h for h, _ in data[2:]]), torch.cat([y for _, y in data[2:]])
+    with torch.no_grad():
+        assert float(weighted_bce(head(hx), hy, 6.0)) == pytest.approx(min(history))  # ... and keeps the best
+
+
+def test_greedy_labels_are_whether_the_target_argmax_is_the_drafted_token(tiny_llama, cache):
+    settings = SpecDecPPConfig(self_first_layers=1)
+    context = DrafterContext(target_model=tiny_llama.model, target_name=tiny_llama.name)
+    draft_lm = build_draft_lm(settings, context, tiny_llama.tokenizer, tiny_llama.vocab_size)
+    prompt = tiny_llama.tokenizer.encode("abcabcab")
+    answer = [int(t) for t in torch.randint(0, tiny_llama.vocab_size, (24,), generator=torch.Generator().manual_seed(1))]
+    gen = torch.Generator().manual_seed(0)
+    [(hidden, labels)] = collect(tiny_llama.model, draft_lm, [prompt], [answer], SamplingParams(), 0.0, gen)
+    assert hidden.shape == (24, tiny_llama.model.config.hidden_size)  # mix 0: every position is the draft's
+    assert set(labels.tolist()) <= {0.0, 1.0} and 0 < labels.sum() < 24
+    draft_lm.reset()
+    logits, _ = draft_lm.forward(prompt + answer[:-1], every_position=True)
+    drafted = logits[len(prompt) - 1 :].argmax(-1)  # mix 0, greedy: the draft's argmax at each position
+    with torch.no_grad():
+        seq = torch.tensor([prompt + drafted.tolist()])
+        target_top = tiny_llama.model(input_ids=seq).logits[0, len(prompt) - 1 : -1].argmax(-1)
+    assert labels.tolist() == (target_top == drafted).float().tolist()
 
 
 def test_run_end_to_end_with_a_head(tiny_llama, cache, tmp_path):
@@ -148,7 +203,7 @@ def test_sampling_keeps_the_target_distribution(cache):
     target = small_vocab_target()
     lm = type("LM", (), {"model": target.model, "name": "small", "vocab_size": 8, "tokenizer": None})
     config = SpecDecPPConfig(self_first_layers=1, max_k=4)
-    random_head(lm, config)
+    random_head(lm, config, greedy=False)
     params = SamplingParams(temperature=1.0)
     seeds = iter(range(10**6))
     assert_sampling_preserves_distribution(lambda: drafter(lm, config, params, next(seeds)), params,

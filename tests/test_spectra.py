@@ -11,17 +11,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 
 from methods.lookahead_rest import LookaheadRest, LookaheadRestConfig, leaf_paths
 from methods.spectra import Spectra, SpectraConfig
+from specbench.config import load_preset
 from specbench.datastore import tokenizer_identity, write_store
 from specbench.decode import generate
 from specbench.draft import SOURCE_BWD, SOURCE_FWD, SOURCE_POOL, SOURCE_RETRIEVAL, DecodeState
 from specbench.registry import build_method_config, get_method
 from specbench.sampling import SamplingParams
 from specbench.verify import Target
-from tests.conftest import CONF
 from tests.lossless import (
     SMALL_VOCAB,
     BigramTarget,
@@ -66,14 +65,13 @@ def lookahead_rest(path, vocab=10, tokenizer=None, **kw):
     "preset,expected",
     [
         ("spectra", SpectraConfig()),
-        ("spectra-cpu", SpectraConfig(**SMALL)),
+        ("spectra-cpu", SpectraConfig(**SMALL, context_ngrams=True)),
         ("lookahead_rest", LookaheadRestConfig()),
         ("lookahead_rest-cpu", LookaheadRestConfig(window=5, ngram=4, guesses=5, max_nodes=16, max_continuation=8)),
     ],
 )
 def test_presets(preset, expected):
-    raw = OmegaConf.to_container(OmegaConf.load(CONF / "method" / f"{preset}.yaml"))
-    name = raw.pop("name")
+    name, raw, _ = load_preset(preset)
     assert get_method(name).Config is type(expected)
     assert build_method_config(name, raw) == expected
     if name == "spectra":  # the paper's budget and direction of the coverage rule, refined store

@@ -10,6 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from methods.suffix import SuffixConfig, SuffixDecoding, cut_depth
+from specbench.config import load_preset
 from specbench.draft import SOURCE_HISTORY, SOURCE_PROMPT, DecodeState, Draft
 from specbench.registry import build_method_config, get_method
 from specbench.sampling import SamplingParams
@@ -128,8 +129,8 @@ def test_cut_depth():
 
 def test_config_yaml_and_registry():
     for preset in ["suffix", "suffix-cpu"]:
-        params = OmegaConf.to_container(OmegaConf.load(CONF / "method" / f"{preset}.yaml"))
-        assert params.pop("name") == "suffix"
+        name, params, _ = load_preset(preset)
+        assert name == "suffix"
         build_method_config("suffix", params)
     assert get_method("suffix") is SuffixDecoding
     params = OmegaConf.to_container(OmegaConf.load(CONF / "method" / "suffix.yaml"))

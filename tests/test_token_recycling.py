@@ -8,16 +8,15 @@ import random
 import numpy as np
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from methods.token_recycling import TokenRecycling, TokenRecyclingConfig
+from specbench.config import load_preset
 from specbench.decode import generate
 from specbench.draft import SOURCE_RECYCLE, DecodeState, Draft, VerifyResult
 from specbench.recycling import CPU_TREE, PAPER_TREE, CandidateMatrix, TreeTemplate
 from specbench.registry import build_method_config, get_method
 from specbench.sampling import SamplingParams
 from specbench.verify import Target
-from tests.conftest import CONF
 from tests.lossless import (
     CODE_EDIT,
     assert_eos_inside_accepted_run,
@@ -114,8 +113,8 @@ def test_fill_agrees_with_brute_force(tree):
 
 def test_config_yaml_and_registry():
     for preset, tree in [("token_recycling", "paper"), ("token_recycling-cpu", "cpu")]:
-        params = OmegaConf.to_container(OmegaConf.load(CONF / "method" / f"{preset}.yaml"))
-        assert params.pop("name") == "token_recycling"
+        name, params, _ = load_preset(preset)
+        assert name == "token_recycling"
         assert build_method_config("token_recycling", params) == TokenRecyclingConfig(tree=tree)
     assert get_method("token_recycling") is TokenRecycling
     for bad in [dict(topk=0), dict(tree="big"), dict(memory="forever"), dict(topk=4)]:

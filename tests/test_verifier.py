@@ -92,6 +92,7 @@ def test_top_k_and_top_p_shape_the_distribution():
     p = target_probs(logits, SamplingParams(temperature=0.5))
     expected = torch.tensor([0.5, 0.3, 0.15, 0.05]) ** 2
     assert torch.allclose(p[0], expected / expected.sum(), atol=1e-6)
+    assert target_probs(logits[:, [2, 0, 1]], SamplingParams()).tolist() == [[0.0, 1.0, 0.0]]  # greedy: one-hot
 
 
 @pytest.mark.parametrize("bad", [dict(temperature=-0.1), dict(top_p=0.0), dict(top_p=1.5), dict(top_k=-1)])
