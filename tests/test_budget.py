@@ -29,7 +29,13 @@ from specbench.results import load_results
 from specbench.runner import run
 from specbench.sampling import SamplingParams
 from specbench.verify import Target
-from tests.lossless import SMALL_VOCAB, assert_greedy_lossless, assert_sampling_preserves_distribution
+from tests.lossless import (
+    CODE_EDIT,
+    SMALL_VOCAB,
+    assert_greedy_lossless,
+    assert_sampling_preserves_distribution,
+    chat,
+)
 from tests.test_config import make_cfg
 
 LINEAR = CostModel(qs=[1, 2], contexts=[0], seconds=[[1.0, 2.0]])  # t(q) = q: no block ever pays
@@ -232,6 +238,27 @@ def test_trimmed_drafts_are_lossless(tiny_llama, name, cost):
         assert drafted > 0 and (all(budget.aux_sent) or not cls.AUX_FEEDS)
     if cost is LINEAR:  # no guess pays when every token costs a step; the pool goes only to explore
         assert all(k == 0 for k, a in zip(budget.kept, budget.aux_sent, strict=True) if not a)
+
+
+def test_cpu_preset_under_an_fp32_like_curve_drafts_dry_and_stays_lossless(smollm2):
+    """spectra_core-cpu as shipped (context n-grams, budget auto) under this CPU's fp32 curve: the pool is
+    dropped after a short warm-up, the dictionaries' context n-grams still draft, outputs are unchanged."""
+    from specbench.config import load_preset
+    from specbench.registry import build_method_config
+
+    steep = CostModel(qs=[1, 2, 3, 4, 16, 128], contexts=[0], seconds=[[1.0, 1.06, 1.12, 1.55, 2.17, 5.87]])
+    name, params, budget_name = load_preset("spectra_core-cpu")
+    assert budget_name == "auto" and params["context_ngrams"] is True
+    cls = get_method(name)
+    budget = AutoBudget(steep, aux_feeds=cls.AUX_FEEDS)
+    assert_greedy_lossless(
+        Target(smollm2.model), lambda: cls(build_method_config(name, params), vocab_size=smollm2.vocab_size),
+        [chat(smollm2, CODE_EDIT)], 96, eos=smollm2.eos_token_ids, budget=budget,
+    )
+    dry = [k for k, a in zip(budget.kept, budget.aux_sent, strict=True) if not a]
+    assert budget.aux_sent[0] and len(dry) >= len(budget.aux_sent) // 3  # warm-up with the pool, then without
+    assert sum(dry) > 0  # ... where the dictionaries' context n-grams still drafted
+    assert sum(v for k, v in budget.stats.accepted.items() if len(k) == 1 and k[0].endswith(DRY)) > 0  # and were right
 
 
 def test_trimmed_guesses_still_teach_the_statistics(tiny_llama):
