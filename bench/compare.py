@@ -5,7 +5,9 @@ baseline and by each method preset (``conf/method/<preset>.yaml``), in an order
 that rotates from prompt to prompt, after one un-recorded warm-up per method.
 Reported per method: τ, speedup (Σ baseline time / Σ method time on the same
 prompts), Mac-TP, Mic-TP, tokens per decode forward (q/fwd: the root, the
-guesses and the auxiliary nodes), drafting overhead per step (time outside the
+guesses and the auxiliary nodes), the share of steps that sent auxiliary nodes
+and how many they sent on average (aux: ``budget=auto`` chooses the pool's
+width and may leave it out), drafting overhead per step (time outside the
 model forward: propose + update), and how many greedy outputs equal the
 baseline's. transformers' own prompt lookup (``generate(prompt_lookup_num_tokens=10)``)
 runs on the same prompts as ``hf_pld``, next to our ``pld``.
@@ -94,6 +96,7 @@ class Tally:
     def __init__(self) -> None:
         self.tokens = self.steps = self.n = self.match = 0
         self.seconds = self.draft_s = self.lookup_s = 0.0
+        self.aux_steps = self.aux_nodes = 0  # decode steps that sent aux nodes, and how many they sent
         self.forward_tokens = 0  # tokens sent per decode forward: root + guesses + auxiliary nodes
         self.step_tokens: list[int] = []
         self.step_times: list[float] = []
@@ -107,6 +110,8 @@ class Tally:
         self.draft_s += sum(rec.step_draft_s)
         self.lookup_s += sum(rec.step_lookup_s)
         self.forward_tokens += sum(1 + d + a for d, a in zip(rec.step_drafted[1:], rec.step_aux[1:], strict=True))
+        self.aux_steps += sum(a > 0 for a in rec.step_aux[1:])
+        self.aux_nodes += sum(rec.step_aux[1:])
         self.step_tokens += rec.step_tokens
         self.step_times += rec.step_times
 
@@ -175,9 +180,11 @@ def report(dtype: str, dataset: str, tallies: dict[str, Tally]) -> None:
         overhead = f"{1000 * t.draft_s / decode_steps:6.2f}" if decode_steps > 0 and t.steps else "     -"
         lookup = f"{1000 * t.lookup_s / decode_steps:6.2f}" if decode_steps > 0 and t.lookup_s else "     -"
         width = f"{t.forward_tokens / decode_steps:5.1f}" if decode_steps > 0 and t.steps else "    -"
+        aux = (f"{100 * t.aux_steps / decode_steps:3.0f}%:{t.aux_nodes / t.aux_steps:<4.0f}"
+               if t.aux_steps else "       -")  # steps that sent aux nodes : nodes they sent
         speedup = (base.seconds / base.tokens) / (t.seconds / t.tokens)  # per-token time ratio
         print(
-            f"{dtype:9} {dataset:10} {name:30} {tau} {speedup:6.2f}x {mac} {mic} {width} {overhead} {lookup}"
+            f"{dtype:9} {dataset:10} {name:30} {tau} {speedup:6.2f}x {mac} {mic} {width} {aux} {overhead} {lookup}"
             f"  {t.match}/{t.n}"
         )
 
@@ -207,7 +214,7 @@ def main() -> None:
     print("speedup = autoregressive time per token / method time per token, same prompts, same process")
     print(
         f"{'dtype':9} {'dataset':10} {'method':30} {'τ':>5} {'speedup':>7} {'Mac-TP':>7} {'Mic-TP':>7} "
-        f"{'q/fwd':>5} {'ms/stp':>6} {'lookup':>6}  same as AR"
+        f"{'q/fwd':>5} {'aux':>8} {'ms/stp':>6} {'lookup':>6}  same as AR"
     )
     for dtype in args.dtypes:
         loaded = load_model(OmegaConf.merge(model_cfg, {"dtype": dtype}), hardware_cfg)

@@ -27,32 +27,40 @@ the acceptance rule, so outputs are unchanged: a smaller draft is still a draft.
   grows: the best prefix of that order is kept, as many nodes as maximise it.
 * **Auxiliary nodes** (Lookahead's window, SPECTRA's candidate pool) propose
   nothing themselves; they feed the sources in the drafter's ``AUX_FEEDS``,
-  so their worth shows only over many steps. It is measured: the tokens per
-  (modelled) second of the steps that sent them, a running mean over about 32
-  such steps. It is compared with the steady state without them, in which the
-  sources they feed run dry: guesses of a step that went without them are
-  counted under ``<source>/dry``, whose rate starts at 0 (a fed source brings
-  nothing unfed until its own dry steps show otherwise: with ``context_ngrams``
-  SPECTRA's dictionaries still learn from the output). When the second pays
-  better the step goes without them, and the dry guesses that still pay go.
-  A warm-up sends them while their worth is measured, until it has spent
-  ``warm`` plain steps' worth of (modelled) time on them: a pool that adds a
-  fifth of a step is measured over ~40 steps, long enough for Lookahead's
-  window and SPECTRA's dictionaries to start paying, one that adds a whole
-  step over ~8. From the ``MIN_WARM``-th step on the warm-up also ends as soon
-  as the measured worth falls short of the dry rate by more than 1/√(steps so
-  far), so a pool that clearly costs more than it brings (fp32 on this CPU)
-  goes after ~5 steps.
-  So on a machine where the pool costs more than it brings, CORE falls back to
-  what its dictionaries learn without it, and on a flat (GPU-like) curve
-  everything is kept.
+  so their worth shows only over many steps. It is measured: each step that
+  sent them gave 1 + accepted tokens against t_dry, what the same step would
+  have expected without them; the excess per column sent (``gain``) is a
+  running mean over about 32 such steps. Without them the sources they feed
+  run dry: guesses of a step that went without them are counted under
+  ``<source>/dry``, whose rate starts at 0 (a fed source brings nothing unfed
+  until its own dry steps show otherwise: with ``context_ngrams`` SPECTRA's
+  dictionaries still learn from the output).
+* **The pool's width.** A drafter whose aux nodes are independent columns
+  (SPECTRA's W pool sequences, ``Draft.aux_columns``) may send its first w:
+  each w of W, W/2, … 1 (halved, rounded up) is valued at
+  (t_dry + gain × w) / t(1 + its aux nodes + the guesses that pay beside them),
+  going without at t_dry / t(block without), and the best is sent. The gain
+  is measured per column and taken as linear in w, which undervalues narrow
+  pools (their columns duplicate each other less), so the choice leans to the
+  whole pool or none unless the cost curve bends in between. Lookahead's
+  window shifts as a whole: its aux nodes go all or none.
+* **Warm-up.** The whole block is sent while its worth is measured, until it
+  has spent ``warm`` plain steps' worth of (modelled) time on aux nodes: a pool
+  that adds a fifth of a step is measured over ~40 steps, long enough for
+  Lookahead's window and SPECTRA's dictionaries to start paying, one that adds
+  a whole step over ~8. From the ``MIN_WARM``-th step on the warm-up also ends
+  as soon as the whole block's measured worth falls short of the dry rate by
+  more than 1/√(steps so far), so a pool that clearly costs more than it
+  brings (fp32 on this CPU) goes after a few steps. So on a machine where the
+  pool costs more than it brings, CORE falls back to what its dictionaries
+  learn without it, and on a flat (GPU-like) curve everything is kept.
 * **Exploration.** The decision to leave auxiliary nodes out rests on a few
   measured steps, and the text and the context length change; so after
-  ``explore_every`` steps without them one step sends them anyway (its worth
-  joins the running mean),
-  and the wait doubles after each such step until a step sends them by choice
-  again (a fixed schedule: no randomness enters decoding; over a long run the
-  exploration costs less and less).
+  ``explore_every`` steps without them one step sends them anyway, at the
+  width valued best, beside the guesses a dry step sends (its gain joins the
+  running mean), and the wait doubles after each such step until a step
+  sends them by choice again (a fixed schedule: no randomness enters
+  decoding; over a long run the exploration costs less and less).
 """
 
 from __future__ import annotations
@@ -60,13 +68,15 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from specbench.costs import CostModel
 from specbench.draft import Draft
 
 BUDGETS = ("fixed", "auto")
 MAX_RANK = 4  # sibling ranks counted apart: 0, 1, 2, 3, and 4 or more
 DRY = "/dry"  # suffix of a source fed by aux nodes, counted apart in the steps that went without them
-MIN_WARM = 4  # aux steps before the warm-up may end early
+MIN_WARM = 3  # aux steps before the warm-up may end early
 
 
 def positions(draft: Draft) -> list[tuple[int, int]]:
@@ -158,8 +168,17 @@ def best_prefix(scores: list[float], cost: CostModel, fixed_q: int, context: int
     return sorted(order[:best_k]), best_rate
 
 
-def subdraft(draft: Draft, keep: list[int], aux: bool) -> Draft:
-    """``draft`` restricted to the guesses ``keep`` (closed under parents), with or without its aux nodes."""
+def widths(full: int) -> list[int]:
+    """The pool widths ``auto`` chooses from: ``full``, then halved (rounded up) down to 1."""
+    out = [full]
+    while out[-1] > 1:
+        out.append((out[-1] + 1) // 2)
+    return out
+
+
+def subdraft(draft: Draft, keep: list[int], width: int) -> Draft:
+    """``draft`` restricted to the guesses ``keep`` (closed under parents) and to the aux nodes of its
+    first ``width`` columns (0: none; its :attr:`~Draft.aux_width` or more: all of them)."""
     new_index = {old: new for new, old in enumerate(keep)}
     parents = [-1 if draft.parents[i] < 0 else new_index[draft.parents[i]] for i in keep]
     out = Draft(
@@ -169,10 +188,28 @@ def subdraft(draft: Draft, keep: list[int], aux: bool) -> Draft:
         draft_probs=None if draft.draft_probs is None else draft.draft_probs[keep],
         lookup_s=draft.lookup_s,
     )
-    if aux:
+    if width >= draft.aux_width:
         out.aux_tokens, out.aux_positions = draft.aux_tokens, draft.aux_positions
         out.aux_visible, out.aux_logit_rows = draft.aux_visible, draft.aux_logit_rows
+        out.aux_columns = draft.aux_columns
+    elif width > 0:  # the nodes of the first `width` columns, their mask and logit rows re-indexed
+        cols = draft.aux_columns
+        idx = [j for j, c in enumerate(cols) if c < width]
+        at = {old: new for new, old in enumerate(idx)}
+        out.aux_tokens = [draft.aux_tokens[j] for j in idx]
+        out.aux_positions = [draft.aux_positions[j] for j in idx]
+        out.aux_visible = draft.aux_visible[np.ix_(idx, idx)]
+        out.aux_columns = [cols[j] for j in idx]
+        if draft.aux_logit_rows is not None:
+            out.aux_logit_rows = [at[j] for j in draft.aux_logit_rows if j in at]
     return out
+
+
+def aux_count(draft: Draft, width: int) -> int:
+    """Aux nodes of ``draft``'s first ``width`` columns."""
+    if width >= draft.aux_width:
+        return draft.n_aux
+    return sum(c < width for c in draft.aux_columns)
 
 
 class AutoBudget:
@@ -190,12 +227,14 @@ class AutoBudget:
         self.kept: list[int] = []  # guesses kept per step (what `auto` chose)
         self.proposed: list[int] = []  # guesses the drafter proposed per step
         self.aux_sent: list[bool] = []
+        self.widths: list[int] = []  # aux columns sent per step (0: none)
         # whole drafts waiting for their output: with its start, and the sources that ran dry
         self._pending: list[tuple[Draft, int, tuple[str, ...]]] = []
         self.warm = warm  # plain steps' worth of time spent on aux nodes before their worth is judged
         self._warm_spent = 0.0
         self.aux_steps = 0
-        self._aux_tokens = self._aux_seconds = 0.0  # running means over the steps that sent aux nodes
+        self.gain = 0.0  # running mean over the steps that sent aux nodes: tokens above t_dry, per column
+        self._t_dry = 1.0  # the planned step's expected tokens without aux nodes
         self._context = 0
 
     def plan(self, draft: Draft, tokens: list[int]) -> Draft:
@@ -206,26 +245,42 @@ class AutoBudget:
         context = self._context = len(tokens)
         scores = node_scores(draft, self.stats)
         keep, rate = best_prefix(scores, self.cost, 1 + draft.n_aux, context)
-        aux = bool(draft.n_aux)
-        if aux:  # steady state without the aux nodes: the sources they feed run dry
+        width = full = draft.aux_width
+        if full:  # steady state without the aux nodes: the sources they feed run dry
             dry = node_scores(draft, self.stats, dry=self.aux_feeds)
             dry_keep, rate_without = best_prefix(dry, self.cost, 1, context)
-            measured = self._aux_tokens / self._aux_seconds if self.aux_steps else rate
-            if rate_without > measured and self._judged(measured / rate_without):
+            self._t_dry = 1.0 + sum(dry[i] for i in dry_keep)
+            best, best_keep = rate, keep  # nothing measured yet: the whole block, by the guesses' rates
+            if self.aux_steps:  # each width valued at t_dry + gain per column x width
+                whole = (self._t_dry + self.gain * full) / self.cost(1 + draft.n_aux + len(keep), context)
+                best = -1.0
+                for w in widths(full):
+                    w_keep, _ = best_prefix(scores, self.cost, 1 + aux_count(draft, w), context)
+                    r = (self._t_dry + self.gain * w) / self.cost(1 + aux_count(draft, w) + len(w_keep), context)
+                    if r > best:
+                        best, width, best_keep = r, w, w_keep
+            judged = self._judged((whole if self.aux_steps else rate) / rate_without)  # the warm-up's width
+            if judged and rate_without > best:
                 self.skipped_aux += 1
                 if self.explore_every and self.skipped_aux >= self.next_explore:
-                    self.skipped_aux, self.next_explore = 0, 2 * self.next_explore  # explore: send them
+                    # explore: send them, at the width valued best, beside the guesses a dry step sends
+                    self.skipped_aux, self.next_explore = 0, 2 * self.next_explore
+                    keep = dry_keep
                 else:
-                    aux, keep = False, dry_keep  # what was learned still drafts
-            else:
+                    width, keep = 0, dry_keep  # what was learned still drafts
+            elif judged:
                 self.next_explore = self.explore_every
+                keep = best_keep
+            else:  # warming up: the whole block
+                width = full
         if len(draft):
-            self._pending.append((draft, len(tokens), () if aux or not draft.n_aux else self.aux_feeds))
+            self._pending.append((draft, len(tokens), () if width or not full else self.aux_feeds))
         self.kept.append(len(keep))
-        self.aux_sent.append(aux)
-        if (aux or not draft.n_aux) and len(keep) == len(draft):
+        self.aux_sent.append(bool(width))
+        self.widths.append(width)
+        if width == full and len(keep) == len(draft):
             return draft
-        return subdraft(draft, keep, aux)
+        return subdraft(draft, keep, width)
 
     def _judged(self, ratio: float) -> bool:
         """Whether the aux nodes' measured worth, ``ratio`` of the rate without them, is known well
@@ -242,8 +297,8 @@ class AutoBudget:
         w = max(1.0 / 32, 1.0 / self.aux_steps)  # a plain mean at first, then a running one
         seconds = self.cost(1 + len(draft) + draft.n_aux, self._context)
         self._warm_spent += (seconds - self.cost(1 + len(draft), self._context)) / self.cost(1, self._context)
-        self._aux_tokens += w * (1 + len(accepted_nodes) - self._aux_tokens)
-        self._aux_seconds += w * (seconds - self._aux_seconds)
+        per_column = (1 + len(accepted_nodes) - self._t_dry) / draft.aux_width
+        self.gain += w * (per_column - self.gain)
 
     def _resolve(self, tokens: list[int], final: bool = False) -> None:
         waiting = []

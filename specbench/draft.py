@@ -91,6 +91,10 @@ class Draft:
     # Which auxiliary nodes' logits the drafter needs (None = all): the output layer
     # then runs only on the root, the guesses and these rows.
     aux_logit_rows: list[int] | None = None
+    # The column of each auxiliary node, for drafters whose aux nodes are independent columns (SPECTRA's
+    # pool sequences): nodes of columns < w, sent alone, make a valid narrower block (``budget=auto``
+    # chooses w). None: the aux nodes go all or none.
+    aux_columns: list[int] | None = None
     # Seconds the drafter spent searching external stores (datastore lookups) in this proposal,
     # recorded apart from the rest of drafting.
     lookup_s: float = 0.0
@@ -101,6 +105,13 @@ class Draft:
     @property
     def n_aux(self) -> int:
         return len(self.aux_tokens)
+
+    @property
+    def aux_width(self) -> int:
+        """Columns of the aux nodes (1 for aux nodes without columns, 0 without aux nodes)."""
+        if not self.aux_tokens:
+            return 0
+        return max(self.aux_columns) + 1 if self.aux_columns else 1
 
     @property
     def empty(self) -> bool:
@@ -182,6 +193,8 @@ class Draft:
             raise ValueError("draft: aux_tokens and aux_positions differ in length")
         if m and (self.aux_visible is None or self.aux_visible.shape != (m, m)):
             raise ValueError("draft: aux_visible must be a [n_aux, n_aux] bool matrix")
+        if self.aux_columns is not None and len(self.aux_columns) != m:
+            raise ValueError("draft: aux_columns must name one column per aux node")
 
 
 @dataclass

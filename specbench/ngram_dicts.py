@@ -179,6 +179,7 @@ class CandidatePool:
         self.seqs: list[list[int]] = []
         self.positions, self.visible = pool_layout(width, n)
         self.logit_rows = list(range((n - 2) * width, (n - 1) * width))  # each sequence's last token
+        self.columns = [j for _ in range(n - 1) for j in range(width)]  # each aux node's sequence
         self.penalty = np.zeros(0, dtype=np.float32)  # −inf at excluded tokens
         self._buf = torch.empty(0)  # float32 copy of half-precision rows
         self._ybuf = np.empty((0, 0), dtype=np.float32)  # the exploring rows + penalty
@@ -264,15 +265,20 @@ class CandidatePool:
         reading: str = "epsilon",
         avoid: Callable[[Sequence[int]], set[int]] | None = None,
     ) -> list[tuple[int, ...]]:
-        """Complete every sequence with its predicted next token, return them, shift left by one.
+        """Complete the first w sequences with their predicted next tokens, return them, shift them
+        left by one (the others, not sent this step, wait).
 
-        ``last_rows``: ``[W, vocab]`` logits after each sequence's last token.
+        ``last_rows``: ``[w, vocab]`` logits after the last token of each of the first w sequences
+        (w = W, unless ``budget=auto`` sent a narrower pool).
         Coverage rule: with ``draws`` (one r ~ U(0,1) per sequence), the
         sequences that :func:`exploring` picks for ``reading`` take their most
         probable token not avoided (the key readings: not excluded; the n-gram
         reading: not in ``avoid(sequence)``); the others (and all of them
         without ``draws``) take the plain argmax.
         """
+        w = last_rows.shape[0]
+        if w > self.width:
+            raise ValueError(f"candidate pool: {w} rows of logits for {self.width} sequences")
         explore = exploring(draws, threshold, reading)
         self._grow(last_rows.shape[-1])
         if reading == "literal_ngram":
@@ -281,6 +287,6 @@ class CandidatePool:
             nxt = self._best_ngram(last_rows, explore, avoid)
         else:
             nxt = self._best(last_rows, explore)
-        done = [(*s, t) for s, t in zip(self.seqs, nxt, strict=True)]
-        self.seqs = [list(c[1:]) for c in done]
+        done = [(*s, t) for s, t in zip(self.seqs[:w], nxt, strict=True)]
+        self.seqs[:w] = [list(c[1:]) for c in done]
         return done

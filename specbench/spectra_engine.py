@@ -8,7 +8,8 @@ pool (:mod:`specbench.ngram_dicts`) and does the three things a step needs:
   ``bwd_dict``), then S_fwd[last token], most recent first (``fwd_dict``; a
   continuation equal to the backward guess is skipped), at most ``max_guesses``;
 * :meth:`SpectraCoreEngine.attach_pool`: the pool as auxiliary nodes of a draft,
-  with the output layer asked for each sequence's last token only;
+  with the output layer asked for each sequence's last token only, each node
+  tagged with its sequence (``aux_columns``: ``budget=auto`` may send the first w);
 * :meth:`SpectraCoreEngine.update`: every pool sequence gets its next token by
   the coverage rule (``coverage_reading``, see :mod:`specbench.ngram_dicts`;
   r ~ U(0,1) from the engine's own ``random.Random(seed)``, reseeded at every
@@ -131,16 +132,18 @@ class SpectraCoreEngine:
         draft.aux_positions = self.pool.positions
         draft.aux_visible = self.pool.visible
         draft.aux_logit_rows = self.pool.logit_rows
+        draft.aux_columns = self.pool.columns
         return draft
 
     def update(self, aux_logits: torch.Tensor | None) -> None:
-        """Predict the pool's next tokens (coverage rule), learn the completed sequences, shift."""
+        """Predict the pool's next tokens (coverage rule), learn the completed sequences, shift.
+        ``aux_logits``: one row per sequence sent, the first w of W (``budget=auto`` may send fewer)."""
         if aux_logits is None:
             return
         s = self.settings
-        draws = [self.rng.random() for _ in range(s.pool_size)] if s.coverage else None
+        draws = [self.rng.random() for _ in range(aux_logits.shape[0])] if s.coverage else None
         done = self.pool.advance(
-            aux_logits[-s.pool_size :],
+            aux_logits,
             draws,
             s.coverage_threshold,
             s.coverage_reading,

@@ -20,10 +20,12 @@ from specbench.budget import (
     node_scores,
     positions,
     subdraft,
+    widths,
 )
 from specbench.config import CONF_DIR, ConfigError, load_preset
 from specbench.costs import CostModel, load_or_measure, measure, monotone
 from specbench.draft import SOURCE_BWD, SOURCE_FWD, SOURCE_RETRIEVAL, Draft
+from specbench.ngram_dicts import CandidatePool
 from specbench.registry import get_method
 from specbench.results import load_results
 from specbench.runner import run
@@ -40,6 +42,7 @@ from tests.test_config import make_cfg
 
 LINEAR = CostModel(qs=[1, 2], contexts=[0], seconds=[[1.0, 2.0]])  # t(q) = q: no block ever pays
 CHEAP = CostModel(qs=[1, 2], contexts=[0], seconds=[[1.0, 1.1]])  # t(q) = 1 + 0.1 (q - 1)
+STEP = CostModel(qs=[1, 5, 6], contexts=[0], seconds=[[1.0, 1.0, 3.0]])  # free up to 5 tokens, then 3 steps
 FLAT = CostModel.flat()
 
 
@@ -156,9 +159,53 @@ def test_best_prefix_by_hand():
 def test_subdraft_reindexes_parents_and_drops_aux():
     d = Draft(tokens=[10, 11, 12, 13], parents=[-1, 0, -1, 2], sources=["a", "b", "c", "d"],
               aux_tokens=[1, 2], aux_positions=[1, 2], aux_visible=torch.ones(2, 2, dtype=torch.bool).numpy())
-    out = subdraft(d, [2, 3], aux=False)
+    out = subdraft(d, [2, 3], 0)
     assert out.tokens == [12, 13] and out.parents == [-1, 0] and out.sources == ["c", "d"] and not out.n_aux
-    assert subdraft(d, [0], aux=True).aux_tokens == [1, 2]
+    assert subdraft(d, [0], 1).aux_tokens == [1, 2]
+
+
+def test_a_narrower_pool_is_the_block_of_a_pool_that_wide():
+    """The first w columns of a W-wide pool, cut by subdraft, are exactly what a w-wide pool of the
+    same sequences sends: tokens, offsets, mask and the rows whose logits come back."""
+    wide, narrow = CandidatePool(width=4, n=4), CandidatePool(width=2, n=4)
+    wide.seqs = [[1, 2, 3], [4, 5, 6], [7, 8, 9], [10, 11, 12]]
+    narrow.seqs = wide.seqs[:2]
+
+    def sent(pool):
+        return Draft(tokens=[30], parents=[-1], aux_tokens=pool.aux_tokens(), aux_positions=pool.positions,
+                     aux_visible=pool.visible, aux_logit_rows=pool.logit_rows, aux_columns=pool.columns)
+
+    whole = sent(wide)
+    assert whole.aux_width == 4 and widths(4) == [4, 2, 1] and widths(15) == [15, 8, 4, 2, 1]
+    cut, ref = subdraft(whole, [0], 2), sent(narrow)
+    assert cut.tokens == [30] and cut.aux_width == 2
+    assert cut.aux_tokens == ref.aux_tokens == [1, 4, 2, 5, 3, 6]
+    assert cut.aux_positions == ref.aux_positions and cut.aux_logit_rows == ref.aux_logit_rows == [4, 5]
+    assert (cut.aux_visible == ref.aux_visible).all() and cut.aux_columns == ref.aux_columns
+    cut.validate()
+    assert subdraft(whole, [0], 4).aux_tokens == whole.aux_tokens and not subdraft(whole, [0], 0).n_aux
+
+
+def test_the_pool_width_that_pays_best_is_sent():
+    """After the warm-up, each width w is valued at (t_dry + gain per column × w) / t(block): under a curve
+    free up to 5 tokens, 2 of 3 two-token columns fit and pay best; on a flat curve all 3 do."""
+    def pool3() -> Draft:
+        pool = CandidatePool(width=3, n=3)
+        pool.seqs = [[1, 2], [3, 4], [5, 6]]
+        return Draft(tokens=[], parents=[], aux_tokens=pool.aux_tokens(), aux_positions=pool.positions,
+                     aux_visible=pool.visible, aux_logit_rows=pool.logit_rows, aux_columns=pool.columns)
+
+    for cost, width in ((STEP, 2), (FLAT, 3), (LINEAR, 0)):
+        budget = AutoBudget(cost, aux_feeds=(SOURCE_FWD,), warm=0, explore_every=0)
+        budget.aux_steps, budget.gain = 1, 0.5  # measured: half a token per column and step
+        out = budget.plan(pool3(), [9])
+        assert budget.widths == [width] and out.aux_width == width
+        if width:
+            assert out.aux_logit_rows == list(range(width, 2 * width))  # each sent sequence's last token
+    budget = AutoBudget(LINEAR, aux_feeds=(SOURCE_FWD,), warm=0, explore_every=1)
+    budget.aux_steps, budget.gain = 1, 0.5
+    budget.plan(pool3(), [9])  # an exploration sends the width valued best, here the cheapest
+    assert budget.widths == [1]
 
 
 def pool_draft() -> Draft:
@@ -238,6 +285,8 @@ def test_trimmed_drafts_are_lossless(tiny_llama, name, cost):
         assert drafted > 0 and (all(budget.aux_sent) or not cls.AUX_FEEDS)
     if cost is LINEAR:  # no guess pays when every token costs a step; the pool goes only to explore
         assert all(k == 0 for k, a in zip(budget.kept, budget.aux_sent, strict=True) if not a)
+        if name == "spectra_core":  # ... at the width valued best, narrower than the whole pool
+            assert any(0 < w < 5 for w in budget.widths)
 
 
 def test_cpu_preset_under_an_fp32_like_curve_drafts_dry_and_stays_lossless(smollm2):
@@ -269,14 +318,23 @@ def test_trimmed_guesses_still_teach_the_statistics(tiny_llama):
     assert sum(budget.stats.drafted.values()) > 0 and sum(budget.stats.accepted.values()) > 0
 
 
-@pytest.mark.parametrize("cost", [CHEAP, LINEAR], ids=["cheap", "linear"])
-def test_trimmed_drafts_keep_the_sampling_distribution(cost):
+def narrow_budget() -> AutoBudget:
+    """Past its warm-up, half a token per column measured: under STEP it sends 2 of a 3-wide pool."""
+    budget = AutoBudget(STEP, aux_feeds=(SOURCE_FWD, SOURCE_BWD), warm=0)
+    budget.aux_steps, budget.gain = 1, 0.5
+    return budget
+
+
+@pytest.mark.parametrize("make_budget", [lambda: AutoBudget(CHEAP, aux_feeds=(SOURCE_FWD, SOURCE_BWD), explore_every=3),
+                                         lambda: AutoBudget(LINEAR, aux_feeds=(SOURCE_FWD, SOURCE_BWD), explore_every=3),
+                                         narrow_budget], ids=["cheap", "linear", "narrow-pool"])
+def test_trimmed_drafts_keep_the_sampling_distribution(make_budget):
     params = SamplingParams(temperature=1.0)
     assert_sampling_preserves_distribution(
         lambda: SpectraCore(SpectraCoreConfig(ngram_size=3, pool_size=3, max_guesses=3), vocab_size=SMALL_VOCAB),
         params,
         trials=3000,
-        make_budget=lambda: AutoBudget(cost, aux_feeds=(SOURCE_FWD, SOURCE_BWD), explore_every=3),
+        make_budget=make_budget,
     )
 
 

@@ -200,6 +200,18 @@ def test_pool_layout_is_level_major_with_causal_chains_invisible_to_each_other()
     assert pool_layout(2, 3)[1] is visible  # built once per (W, N)
 
 
+def test_a_narrower_pool_advances_its_first_sequences_and_the_others_wait():
+    pool = CandidatePool(width=3, n=3)
+    pool.seqs = [[1, 2], [3, 4], [5, 6]]
+    assert pool.columns == [0, 1, 2, 0, 1, 2]  # level-major: each aux node's sequence
+    logits = torch.zeros(2, 10)
+    logits[0, 7], logits[1, 9] = 5.0, 5.0
+    assert pool.advance(logits, draws=None, threshold=0.1) == [(1, 2, 7), (3, 4, 9)]
+    assert pool.seqs == [[2, 7], [4, 9], [5, 6]]
+    with pytest.raises(ValueError, match="4 rows of logits for 3 sequences"):
+        pool.advance(torch.zeros(4, 10), draws=None, threshold=0.1)
+
+
 def test_pool_advance_predicts_from_the_last_rows_and_shifts_left():
     pool = CandidatePool(width=2, n=3)
     pool.seqs = [[1, 2], [3, 4]]
