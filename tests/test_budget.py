@@ -13,6 +13,7 @@ from methods.spectra_core import SpectraCore, SpectraCoreConfig
 from methods.token_recycling import TokenRecycling, TokenRecyclingConfig
 from specbench.budget import (
     DRY,
+    DRY_TRIAL,
     MIN_WARM,
     AcceptanceStats,
     AutoBudget,
@@ -137,6 +138,11 @@ def test_scores_never_exceed_the_parent_and_take_the_best_source():
     assert node_scores(d, stats, dry=(SOURCE_FWD,)) == pytest.approx([0.0, 0.0, 0.7])  # fwd/dry: no rate yet
     stats.table[(SOURCE_FWD + DRY, 1, 0)] = 0.2
     assert node_scores(d, stats, dry=(SOURCE_FWD,)) == pytest.approx([0.2, 0.0, 0.7])
+    # siblings share their parent's chance: four first guesses at 0.4 are one token at most, each 0.25;
+    # below the first (0.25) its children at 0.3 and 0.1, capped to 0.25 and 0.1, share 0.25 as 5:2
+    fan = Draft(tokens=[1, 2, 3, 4, 5, 6], parents=[-1, -1, -1, -1, 0, 0], sources=[SOURCE_FWD] * 6)
+    rates = FixedRates({(SOURCE_FWD, 1, r): 0.4 for r in range(4)} | {(SOURCE_FWD, 2, 0): 0.3, (SOURCE_FWD, 2, 1): 0.1})
+    assert node_scores(fan, rates) == pytest.approx([0.25] * 4 + [0.25 * 5 / 7, 0.25 * 2 / 7])
 
 
 def test_dry_sources_start_at_nothing_and_learn_from_their_own_steps():
@@ -186,26 +192,33 @@ def test_a_narrower_pool_is_the_block_of_a_pool_that_wide():
     assert subdraft(whole, [0], 4).aux_tokens == whole.aux_tokens and not subdraft(whole, [0], 0).n_aux
 
 
-def test_the_pool_width_that_pays_best_is_sent():
-    """After the warm-up, each width w is valued at (t_dry + gain per column × w) / t(block): under a curve
-    free up to 5 tokens, 2 of 3 two-token columns fit and pay best; on a flat curve all 3 do."""
+def test_a_pool_that_does_not_pay_is_tried_narrower_when_a_narrower_one_could():
+    """Measured: 1.5 tokens a step at 3 of 3 two-token columns, costing 3 steps (STEP: free up to 5
+    tokens). Going without pays 1 a step, so the step goes without. At the exploration 2 columns
+    (5 tokens) go on trial: the same 1.5 tokens would pay 1.5 there. Under LINEAR no narrower block
+    could beat 1: the exploration sends the whole pool."""
     def pool3() -> Draft:
         pool = CandidatePool(width=3, n=3)
         pool.seqs = [[1, 2], [3, 4], [5, 6]]
         return Draft(tokens=[], parents=[], aux_tokens=pool.aux_tokens(), aux_positions=pool.positions,
                      aux_visible=pool.visible, aux_logit_rows=pool.logit_rows, aux_columns=pool.columns)
 
-    for cost, width in ((STEP, 2), (FLAT, 3), (LINEAR, 0)):
-        budget = AutoBudget(cost, aux_feeds=(SOURCE_FWD,), warm=0, explore_every=0)
-        budget.aux_steps, budget.gain = 1, 0.5  # measured: half a token per column and step
+    for cost, explored in ((STEP, 2), (LINEAR, 3)):
+        budget = AutoBudget(cost, aux_feeds=(SOURCE_FWD,), warm=0, explore_every=2)
+        budget.aux_steps, budget._aux_tokens, budget._aux_seconds = 1, 1.5, cost(7, 0)
+        budget._dry_steps, budget._dry_tokens, budget._dry_seconds = DRY_TRIAL, 1.0, 1.0  # measured without
+        assert budget.plan(pool3(), [9]).aux_width == 0
         out = budget.plan(pool3(), [9])
-        assert budget.widths == [width] and out.aux_width == width
-        if width:
-            assert out.aux_logit_rows == list(range(width, 2 * width))  # each sent sequence's last token
-    budget = AutoBudget(LINEAR, aux_feeds=(SOURCE_FWD,), warm=0, explore_every=1)
-    budget.aux_steps, budget.gain = 1, 0.5
-    budget.plan(pool3(), [9])  # an exploration sends the width valued best, here the cheapest
-    assert budget.widths == [1]
+        assert budget.widths == [0, explored] and out.aux_width == explored
+        if explored == 2:  # on trial afresh, the rows of each sent sequence's last token come back
+            assert budget.width == 2 and budget.aux_steps == 0 and out.aux_logit_rows == [2, 3]
+            for _ in range(3):
+                budget.plan(pool3(), [9])  # measured nothing yet: the narrower pool is sent
+            assert budget.widths == [0] + [2] * 4
+    flat = AutoBudget(FLAT, aux_feeds=(SOURCE_FWD,), warm=0, explore_every=0)
+    flat.aux_steps, flat._aux_tokens, flat._aux_seconds = 1, 1.5, FLAT(7, 0)
+    flat._dry_steps, flat._dry_tokens, flat._dry_seconds = DRY_TRIAL, 1.0, FLAT(1, 0)  # measured without
+    assert flat.plan(pool3(), [9]).aux_width == 3  # it pays whole
 
 
 def pool_draft() -> Draft:
@@ -225,6 +238,7 @@ def test_aux_nodes_go_only_when_they_pay():
     assert flat.plan(d, [9]) is d  # a GPU-like curve keeps everything
     for accepted, whole in ((95, True), (5, False)):  # the dictionaries' guesses mostly right, or not
         cheap = AutoBudget(CHEAP, aux_feeds=(SOURCE_FWD, SOURCE_BWD), explore_every=0, warm=0)
+        cheap._dry_steps, cheap._dry_tokens, cheap._dry_seconds = DRY_TRIAL, 1.0, 1.0  # measured without
         for key in ((SOURCE_FWD,), (SOURCE_FWD, 1), (SOURCE_FWD, 1, 0), (SOURCE_BWD,), (SOURCE_BWD, 1), (SOURCE_BWD, 1, 0)):
             cheap.stats.drafted[key], cheap.stats.accepted[key] = 100, accepted
         d = pool_draft()
@@ -234,6 +248,7 @@ def test_aux_nodes_go_only_when_they_pay():
         else:  # 0.06 at depth 1 caps its subtree: the pool costs more than the guesses it feeds bring
             assert out.tokens == [] and out.n_aux == 0
     explorer = AutoBudget(LINEAR, aux_feeds=(SOURCE_FWD, SOURCE_BWD), explore_every=2, warm=0)
+    explorer._dry_steps, explorer._dry_tokens, explorer._dry_seconds = DRY_TRIAL, 1.0, 1.0
     assert explorer.plan(pool_draft(), [9]).n_aux == 0
     out = explorer.plan(pool_draft(), [9])  # the second step that would go without the pool sends it
     assert out.n_aux == 4 and explorer.aux_sent == [False, True]
@@ -285,13 +300,29 @@ def test_trimmed_drafts_are_lossless(tiny_llama, name, cost):
         assert drafted > 0 and (all(budget.aux_sent) or not cls.AUX_FEEDS)
     if cost is LINEAR:  # no guess pays when every token costs a step; the pool goes only to explore
         assert all(k == 0 for k, a in zip(budget.kept, budget.aux_sent, strict=True) if not a)
-        if name == "spectra_core":  # ... at the width valued best, narrower than the whole pool
-            assert any(0 < w < 5 for w in budget.widths)
+
+
+def test_narrowed_pools_are_lossless(tiny_llama):
+    """A 5-wide pool measured at 1.5 tokens a step for 3 steps' time, under a curve free up to 7 tokens:
+    2 columns (6 aux nodes) go on trial, the engine advances only those, and outputs are unchanged."""
+    def narrowing() -> AutoBudget:
+        budget = AutoBudget(CostModel(qs=[1, 7, 8], contexts=[0], seconds=[[1.0, 1.0, 3.0]]),
+                            aux_feeds=(SOURCE_FWD, SOURCE_BWD), warm=0, explore_every=1)
+        budget.aux_steps, budget._aux_tokens, budget._aux_seconds = 1, 1.5, 3.0
+        budget._dry_steps, budget._dry_tokens, budget._dry_seconds = DRY_TRIAL, 1.0, 1.0
+        return budget
+
+    for prompt in PROMPTS:
+        budget = narrowing()
+        assert_greedy_lossless(Target(tiny_llama.model), lambda: DRAFTERS["spectra_core"](128), [prompt], 40,
+                               budget=budget)
+        assert budget.widths[0] == 2 and max(budget.widths) == 2  # a width never grows back
 
 
 def test_cpu_preset_under_an_fp32_like_curve_drafts_dry_and_stays_lossless(smollm2):
-    """spectra_core-cpu as shipped (context n-grams, budget auto) under this CPU's fp32 curve: the pool is
-    dropped after a short warm-up, the dictionaries' context n-grams still draft, outputs are unchanged."""
+    """spectra_core-cpu as shipped (context n-grams, budget auto) under this CPU's fp32 curve: the whole
+    pool is measured first, then decoding without it, which is what pays at the end; the dictionaries'
+    context n-grams still draft in the steps without it; outputs are unchanged."""
     from specbench.config import load_preset
     from specbench.registry import build_method_config
 
@@ -304,10 +335,11 @@ def test_cpu_preset_under_an_fp32_like_curve_drafts_dry_and_stays_lossless(smoll
         Target(smollm2.model), lambda: cls(build_method_config(name, params), vocab_size=smollm2.vocab_size),
         [chat(smollm2, CODE_EDIT)], 96, eos=smollm2.eos_token_ids, budget=budget,
     )
-    dry = [k for k, a in zip(budget.kept, budget.aux_sent, strict=True) if not a]
-    assert budget.aux_sent[0] and len(dry) >= len(budget.aux_sent) // 3  # warm-up with the pool, then without
-    assert sum(dry) > 0  # ... where the dictionaries' context n-grams still drafted
-    assert sum(v for k, v in budget.stats.accepted.items() if len(k) == 1 and k[0].endswith(DRY)) > 0  # and were right
+    w = budget.widths
+    runs = "".join("p" if x else "." for x in w)
+    assert w[0] == 5 and "." * DRY_TRIAL in runs and w[-1] == 0  # whole; then steps without it measured; without
+    dry = [k for k in budget.stats.drafted if len(k) == 1 and k[0].endswith(DRY)]
+    assert dry and sum(budget.stats.drafted[k] for k in dry) > 0  # without it the dictionaries still drafted
 
 
 def test_trimmed_guesses_still_teach_the_statistics(tiny_llama):
@@ -319,9 +351,11 @@ def test_trimmed_guesses_still_teach_the_statistics(tiny_llama):
 
 
 def narrow_budget() -> AutoBudget:
-    """Past its warm-up, half a token per column measured: under STEP it sends 2 of a 3-wide pool."""
-    budget = AutoBudget(STEP, aux_feeds=(SOURCE_FWD, SOURCE_BWD), warm=0)
-    budget.aux_steps, budget.gain = 1, 0.5
+    """Past its warm-up, 1.5 tokens a step measured at 3 columns costing 3 steps: under STEP it tries
+    2 of the 3-wide pool."""
+    budget = AutoBudget(STEP, aux_feeds=(SOURCE_FWD, SOURCE_BWD), warm=0, explore_every=1)
+    budget.aux_steps, budget._aux_tokens, budget._aux_seconds = 1, 1.5, 3.0
+    budget._dry_steps, budget._dry_tokens, budget._dry_seconds = DRY_TRIAL, 1.0, 1.0  # 1 token a step without
     return budget
 
 
