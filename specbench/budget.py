@@ -28,47 +28,38 @@ the acceptance rule, so outputs are unchanged: a smaller draft is still a draft.
 * **Auxiliary nodes** (Lookahead's window, SPECTRA's candidate pool) propose
   nothing themselves; they feed the sources in the drafter's ``AUX_FEEDS``,
   so their worth shows only over many steps. It is measured: the tokens per
-  second of the steps that sent them (as they ran, drafting included:
-  :meth:`AutoBudget.observe_time`; modelled when no time is given), a running
-  mean over about 32 such steps. It is compared with the steady state without them, in which
-  the sources they feed run dry, measured the same way: when the warm-up
-  ends, ``DRY_TRIAL`` steps go without them to measure it (until then it is
-  modelled, the dry block's expected tokens per second as a running mean;
-  a fed source's guesses have no dry rate to model them with yet): guesses of a step that went without them are
+  (modelled) second of the steps that sent them, a running mean over about 32
+  such steps. It is compared with the steady state without them, in which the
+  sources they feed run dry: guesses of a step that went without them are
   counted under ``<source>/dry``, whose rate starts at 0 (a fed source brings
   nothing unfed until its own dry steps show otherwise: with ``context_ngrams``
   SPECTRA's dictionaries still learn from the output). When the second pays
   better the step goes without them, and the dry guesses that still pay go.
 * **Warm-up.** The aux nodes are sent while their worth is measured, until it
   has spent ``warm`` plain steps' worth of (modelled) time on them: a pool
-  that adds a fifth of a step is measured over ~30 steps, long enough for
+  that adds a fifth of a step is measured over ~40 steps, long enough for
   Lookahead's window and SPECTRA's dictionaries to start paying, one that adds
-  a whole step over ~6. From the ``MIN_WARM``-th step on the warm-up also ends
-  as soon as the measured worth falls short of plain decoding's rate by more
-  than 1/√(steps so far) (not of the modelled dry rate: early on it rests on
-  the prior rates of guesses not yet judged), so a pool that clearly costs
-  more than it brings (fp32 on this CPU) goes after ~5 steps.
+  a whole step over ~8. From the ``MIN_WARM``-th step on the warm-up also ends
+  as soon as the measured worth falls short of the dry rate by more than
+  1/√(steps so far), so a pool that clearly costs more than it brings (fp32
+  on this CPU) goes after ~5 steps.
 * **The pool's width.** A drafter whose aux nodes are independent columns
   (SPECTRA's W pool sequences, ``Draft.aux_columns``) may send its first w.
-  When an exploration is due (below) for a pool that did not pay, the next
-  narrower width of W, W/2, … 1 (halved, rounded up) goes on trial instead,
-  for at least ``MIN_WARM`` steps, if it should pay: if it brought the wider
-  pool's tokens above the steps without it scaled by √(w / wider) (fewer
-  columns feed less, but overlap less), in its block's time with the guesses
-  that pay beside it (the curve scaled by how the wider pool's steps ran
-  against it), against the rate measured without the pool. It stays while it pays. So on a curve that bends between a narrow
-  and a wide block (bf16 here) a 60-token pool that does not pay is tried at
-  32 or 16 tokens; on a steep one (fp32 here) no narrower pool could pay and
-  none is tried. Narrowing is for the run: a width never grows back.
-  Lookahead's window shifts as a whole: its aux nodes go all or none.
-  So on a machine where the pool costs more than it brings, CORE falls back to
-  what its dictionaries learn without it, and on a flat (GPU-like) curve
-  everything is kept.
+  When the pool on trial is judged not to pay, the widest narrower width of
+  W, W/2, … 1 (halved, rounded up) that should pay goes on trial instead, for
+  what is left of the warm-up's time and at least ``MIN_WARM`` steps: one
+  whose block, with the guesses that pay beside it, would beat the rate
+  without the pool if it brought the wider pool's tokens above one a step
+  scaled by √(w / wider) (fewer columns feed less, but overlap less). Only
+  when none should is the pool left out. Narrowing is for the run: a width
+  never grows back. Lookahead's window shifts as a whole: its aux nodes go
+  all or none. So on a machine where the pool costs more than it brings,
+  CORE falls back to what its dictionaries learn without it, and on a flat
+  (GPU-like) curve everything is kept.
 * **Exploration.** The decision to leave auxiliary nodes out rests on a few
   measured steps, and the text and the context length change; so after
   ``explore_every`` steps without them one step sends them anyway, at the
-  width last on trial (its worth joins the running mean) unless a narrower
-  one goes on trial, and the wait doubles after each such step until a step
+  width last on trial (its worth joins the running mean), and the wait doubles after each such step until a step
   sends them by choice again (a fixed schedule: no randomness enters
   decoding; over a long run the exploration costs less and less).
 """
@@ -87,7 +78,6 @@ BUDGETS = ("fixed", "auto")
 MAX_RANK = 4  # sibling ranks counted apart: 0, 1, 2, 3, and 4 or more
 DRY = "/dry"  # suffix of a source fed by aux nodes, counted apart in the steps that went without them
 MIN_WARM = 4  # aux steps before the warm-up may end early
-DRY_TRIAL = 8  # steps without the aux nodes measured when the warm-up ends
 
 
 def positions(draft: Draft) -> list[tuple[int, int]]:
@@ -239,7 +229,7 @@ class AutoBudget:
     """Trims drafts under a cost curve; learns acceptance rates from every step it planned."""
 
     def __init__(self, cost: CostModel, aux_feeds: tuple[str, ...] = (), explore_every: int = 16,
-                 stats: AcceptanceStats | None = None, warm: float = 6.0) -> None:
+                 stats: AcceptanceStats | None = None, warm: float = 8.0) -> None:
         if explore_every < 0:
             raise ValueError(f"budget: explore_every must be >= 0, got {explore_every}")
         self.cost, self.aux_feeds, self.explore_every = cost, tuple(aux_feeds), explore_every
@@ -257,10 +247,6 @@ class AutoBudget:
         self.warm = warm  # plain steps' worth of time spent on aux nodes before their worth is judged
         self._warm_spent = 0.0
         self._trial(0)
-        self._without, self._modelled_steps = 0.0, 0  # running mean of the modelled rate without aux nodes
-        self._dry_tokens = self._dry_seconds = 0.0  # running means over the steps that went without them
-        self._dry_steps, self._dry_planned = 0, False
-        self._last: tuple[bool, float, float] | None = None  # the last recorded step, until its time comes
         self._context = 0
 
     def _trial(self, min_steps: int) -> None:
@@ -269,7 +255,6 @@ class AutoBudget:
         self._min_steps = min_steps
         self.aux_steps = 0
         self._aux_tokens = self._aux_seconds = 0.0  # running means over the steps that sent aux nodes
-        self._aux_modelled = 0.0  # ... of their modelled seconds: measured / modelled calibrates the curve
 
     def plan(self, draft: Draft, tokens: list[int]) -> Draft:
         """The part of ``draft`` to verify after ``tokens`` (the sequence so far, its root last)."""
@@ -284,27 +269,21 @@ class AutoBudget:
         if full:  # steady state without the aux nodes: the sources they feed run dry
             dry = node_scores(draft, self.stats, dry=self.aux_feeds)
             dry_keep, rate_without = best_prefix(dry, self.cost, 1, context)
-            self._modelled_steps += 1  # modelled, as a running mean: one step's draft may be unusual
-            self._without += max(1.0 / 32, 1.0 / self._modelled_steps) * (rate_without - self._without)
-            rate_without = self._rate_without()
             measured = self._aux_tokens / self._aux_seconds if self.aux_steps else rate
-            judged = self._judged(measured * self.cost(1, context))
-            if judged and self._dry_steps < DRY_TRIAL:  # the warm-up is over: measure the steps without them
-                width, keep = 0, dry_keep
-            elif judged and rate_without > measured:
-                self.skipped_aux += 1
-                if self.explore_every and self.skipped_aux >= self.next_explore:
-                    self.skipped_aux, self.next_explore = 0, 2 * self.next_explore  # explore: send them
-                    narrower = self._narrower(draft, scores, width, rate_without, context)
-                    if narrower:  # ... narrower, since that could pay: on trial from now on
-                        self.width = width = narrower
-                        keep, _ = best_prefix(scores, self.cost, 1 + aux_count(draft, width), context)
-                        self._trial(MIN_WARM)
+            if rate_without > measured and self._judged(measured / rate_without):
+                narrower = self._narrower(draft, scores, width, rate_without, context)
+                if narrower:  # a narrower pool should pay: on trial from now on
+                    self.width = width = narrower
+                    keep, _ = best_prefix(scores, self.cost, 1 + aux_count(draft, width), context)
+                    self._trial(MIN_WARM)
                 else:
-                    width, keep = 0, dry_keep  # what was learned still drafts
-            elif measured >= rate_without:
+                    self.skipped_aux += 1
+                    if self.explore_every and self.skipped_aux >= self.next_explore:
+                        self.skipped_aux, self.next_explore = 0, 2 * self.next_explore  # explore: send them
+                    else:
+                        width, keep = 0, dry_keep  # what was learned still drafts
+            else:
                 self.next_explore = self.explore_every
-        self._dry_planned = bool(full) and not width
         if len(draft):
             self._pending.append((draft, len(tokens), () if width or not full else self.aux_feeds))
         self.kept.append(len(keep))
@@ -315,49 +294,30 @@ class AutoBudget:
         return subdraft(draft, keep, width)
 
     def _narrower(self, draft: Draft, scores: list[float], width: int, rate_without: float, context: int) -> int:
-        """The widest pool narrower than ``width`` that could still pay: what ``width`` brought above
-        the steps without it, scaled by √(w / width) (a narrower pool feeds its sources less, but its
-        columns overlap less), in the time its block, with the guesses that pay beside it, takes (the
-        curve scaled by how ``width``'s steps ran against it), against ``rate_without``. 0: none."""
-        scale = self._aux_seconds / self._aux_modelled if self._aux_modelled else 1.0  # the curve, as it ran
-        dry = self._dry_tokens if self._dry_steps else 1.0
+        """The widest pool narrower than ``width`` that should still pay: what ``width`` brought above
+        one token a step, scaled by √(w / width) (a narrower pool feeds its sources less, but its
+        columns overlap less), in the time its block takes with the guesses that pay beside it,
+        against ``rate_without``. 0: none."""
+        gained = self._aux_tokens - 1.0
         for w in widths(draft.aux_width):
             if w < width:
                 w_keep, _ = best_prefix(scores, self.cost, 1 + aux_count(draft, w), context)
-                seconds = scale * self.cost(1 + aux_count(draft, w) + len(w_keep), context)
-                if (dry + (self._aux_tokens - dry) * (w / width) ** 0.5) / seconds > rate_without:
+                seconds = self.cost(1 + aux_count(draft, w) + len(w_keep), context)
+                if (1.0 + gained * (w / width) ** 0.5) / seconds > rate_without:
                     return w
         return 0
 
     def _judged(self, ratio: float) -> bool:
-        """Whether the aux nodes' measured worth is known well enough to go without them: once ``warm``
-        plain steps' worth of time went to them (and this width had ``MIN_WARM`` steps, if it is not
-        the first), or sooner (from ``MIN_WARM`` steps) when their steps make ``ratio`` of plain
-        decoding's rate, short of it by more than 1/√(aux steps), a tolerance that narrows with the
-        evidence. (Plain decoding, not the modelled rate without them: the rates of guesses not yet
-        judged are priors, and the early exit must not rest on them.)"""
+        """Whether the aux nodes' measured worth, ``ratio`` of the rate without them, is known well
+        enough to go without them: once ``warm`` plain steps' worth of time went to them (and this
+        width had ``MIN_WARM`` steps, if it is not the first), or sooner (from ``MIN_WARM`` steps) when
+        it falls short by more than 1/√(aux steps), a tolerance that narrows with the evidence."""
         k = self.aux_steps
         return (self._warm_spent >= self.warm and k >= self._min_steps) or (k >= MIN_WARM and ratio < 1 - k**-0.5)
 
-    def _rate_without(self) -> float:
-        """Tokens per second without the aux nodes: measured once ``DRY_TRIAL`` steps went without
-        them, modelled (the dry block's expected tokens) until then."""
-        if self._dry_steps >= DRY_TRIAL:
-            return self._dry_tokens / self._dry_seconds
-        return self._without
-
     def record(self, draft: Draft, accepted_nodes: list[int]) -> None:
-        """The step verified ``draft`` (as planned) and accepted ``accepted_nodes``: the worth of the aux
-        nodes, or of going without them."""
-        self._last = None
+        """The step verified ``draft`` (as planned) and accepted ``accepted_nodes``: the aux nodes' worth."""
         if not draft.n_aux:
-            if self._dry_planned:
-                self._dry_steps += 1
-                w = max(1.0 / 32, 1.0 / self._dry_steps)
-                seconds = self.cost(1 + len(draft), self._context)
-                self._dry_tokens += w * (1 + len(accepted_nodes) - self._dry_tokens)
-                self._dry_seconds += w * (seconds - self._dry_seconds)
-                self._last = (False, w, seconds)
             return
         self.aux_steps += 1
         w = max(1.0 / 32, 1.0 / self.aux_steps)  # a plain mean at first, then a running one
@@ -365,22 +325,6 @@ class AutoBudget:
         self._warm_spent += (seconds - self.cost(1 + len(draft), self._context)) / self.cost(1, self._context)
         self._aux_tokens += w * (1 + len(accepted_nodes) - self._aux_tokens)
         self._aux_seconds += w * (seconds - self._aux_seconds)
-        self._aux_modelled += w * (seconds - self._aux_modelled)
-        self._last = (True, w, seconds)
-
-    def observe_time(self, seconds: float) -> None:
-        """The step just recorded took ``seconds`` (drafting, the forward, the cache and the drafter's
-        update, the device synchronised): its measured time replaces the modelled one in the running
-        means, so that the steps with and without aux nodes are compared as they ran (the curve times
-        tree blocks; a chain without aux nodes takes a cheaper path, and drafting costs too)."""
-        if self._last is None:
-            return
-        aux, w, modelled = self._last
-        if aux:
-            self._aux_seconds += w * (seconds - modelled)
-        else:
-            self._dry_seconds += w * (seconds - modelled)
-        self._last = None
 
     def _resolve(self, tokens: list[int], final: bool = False) -> None:
         waiting = []

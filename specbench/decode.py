@@ -97,8 +97,6 @@ def generate(
         )
         target.sync()
         end = perf_counter()
-        if budget is not None:
-            budget.observe_time(end - start)
 
         kept = _commit(record, tokens, eos, max_new_tokens)
         seq.extend(tokens[:kept])

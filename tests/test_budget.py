@@ -13,7 +13,6 @@ from methods.spectra_core import SpectraCore, SpectraCoreConfig
 from methods.token_recycling import TokenRecycling, TokenRecyclingConfig
 from specbench.budget import (
     DRY,
-    DRY_TRIAL,
     MIN_WARM,
     AcceptanceStats,
     AutoBudget,
@@ -194,30 +193,26 @@ def test_a_narrower_pool_is_the_block_of_a_pool_that_wide():
 
 def test_a_pool_that_does_not_pay_is_tried_narrower_when_a_narrower_one_could():
     """Measured: 1.5 tokens a step at 3 of 3 two-token columns, costing 3 steps (STEP: free up to 5
-    tokens). Going without pays 1 a step, so the step goes without. At the exploration 2 columns
-    (5 tokens) go on trial: the same 1.5 tokens would pay 1.5 there. Under LINEAR no narrower block
-    could beat 1: the exploration sends the whole pool."""
+    tokens); going without pays 1 a step. At 2 columns (5 tokens) the 0.5 gained, scaled by √(2/3),
+    would pay 1.41: that width goes on trial. Under LINEAR no narrower block should beat 1."""
     def pool3() -> Draft:
         pool = CandidatePool(width=3, n=3)
         pool.seqs = [[1, 2], [3, 4], [5, 6]]
         return Draft(tokens=[], parents=[], aux_tokens=pool.aux_tokens(), aux_positions=pool.positions,
                      aux_visible=pool.visible, aux_logit_rows=pool.logit_rows, aux_columns=pool.columns)
 
-    for cost, explored in ((STEP, 2), (LINEAR, 3)):
-        budget = AutoBudget(cost, aux_feeds=(SOURCE_FWD,), warm=0, explore_every=2)
+    for cost, width in ((STEP, 2), (LINEAR, 0)):
+        budget = AutoBudget(cost, aux_feeds=(SOURCE_FWD,), warm=0, explore_every=0)
         budget.aux_steps, budget._aux_tokens, budget._aux_seconds = 1, 1.5, cost(7, 0)
-        budget._dry_steps, budget._dry_tokens, budget._dry_seconds = DRY_TRIAL, 1.0, 1.0  # measured without
-        assert budget.plan(pool3(), [9]).aux_width == 0
         out = budget.plan(pool3(), [9])
-        assert budget.widths == [0, explored] and out.aux_width == explored
-        if explored == 2:  # on trial afresh, the rows of each sent sequence's last token come back
+        assert budget.widths == [width] and out.aux_width == width
+        if width:  # on trial afresh, the rows of each sent sequence's last token come back
             assert budget.width == 2 and budget.aux_steps == 0 and out.aux_logit_rows == [2, 3]
             for _ in range(3):
                 budget.plan(pool3(), [9])  # measured nothing yet: the narrower pool is sent
-            assert budget.widths == [0] + [2] * 4
+            assert budget.widths == [2] * 4
     flat = AutoBudget(FLAT, aux_feeds=(SOURCE_FWD,), warm=0, explore_every=0)
     flat.aux_steps, flat._aux_tokens, flat._aux_seconds = 1, 1.5, FLAT(7, 0)
-    flat._dry_steps, flat._dry_tokens, flat._dry_seconds = DRY_TRIAL, 1.0, FLAT(1, 0)  # measured without
     assert flat.plan(pool3(), [9]).aux_width == 3  # it pays whole
 
 
@@ -238,7 +233,6 @@ def test_aux_nodes_go_only_when_they_pay():
     assert flat.plan(d, [9]) is d  # a GPU-like curve keeps everything
     for accepted, whole in ((95, True), (5, False)):  # the dictionaries' guesses mostly right, or not
         cheap = AutoBudget(CHEAP, aux_feeds=(SOURCE_FWD, SOURCE_BWD), explore_every=0, warm=0)
-        cheap._dry_steps, cheap._dry_tokens, cheap._dry_seconds = DRY_TRIAL, 1.0, 1.0  # measured without
         for key in ((SOURCE_FWD,), (SOURCE_FWD, 1), (SOURCE_FWD, 1, 0), (SOURCE_BWD,), (SOURCE_BWD, 1), (SOURCE_BWD, 1, 0)):
             cheap.stats.drafted[key], cheap.stats.accepted[key] = 100, accepted
         d = pool_draft()
@@ -248,7 +242,6 @@ def test_aux_nodes_go_only_when_they_pay():
         else:  # 0.06 at depth 1 caps its subtree: the pool costs more than the guesses it feeds bring
             assert out.tokens == [] and out.n_aux == 0
     explorer = AutoBudget(LINEAR, aux_feeds=(SOURCE_FWD, SOURCE_BWD), explore_every=2, warm=0)
-    explorer._dry_steps, explorer._dry_tokens, explorer._dry_seconds = DRY_TRIAL, 1.0, 1.0
     assert explorer.plan(pool_draft(), [9]).n_aux == 0
     out = explorer.plan(pool_draft(), [9])  # the second step that would go without the pool sends it
     assert out.n_aux == 4 and explorer.aux_sent == [False, True]
@@ -309,7 +302,6 @@ def test_narrowed_pools_are_lossless(tiny_llama):
         budget = AutoBudget(CostModel(qs=[1, 7, 8], contexts=[0], seconds=[[1.0, 1.0, 3.0]]),
                             aux_feeds=(SOURCE_FWD, SOURCE_BWD), warm=0, explore_every=1)
         budget.aux_steps, budget._aux_tokens, budget._aux_seconds = 1, 1.5, 3.0
-        budget._dry_steps, budget._dry_tokens, budget._dry_seconds = DRY_TRIAL, 1.0, 1.0
         return budget
 
     for prompt in PROMPTS:
@@ -321,8 +313,8 @@ def test_narrowed_pools_are_lossless(tiny_llama):
 
 def test_cpu_preset_under_an_fp32_like_curve_drafts_dry_and_stays_lossless(smollm2):
     """spectra_core-cpu as shipped (context n-grams, budget auto) under this CPU's fp32 curve: the whole
-    pool is measured first, then decoding without it, which is what pays at the end; the dictionaries'
-    context n-grams still draft in the steps without it; outputs are unchanged."""
+    pool is measured first and left out by the end (a narrower one may be tried between); the
+    dictionaries' context n-grams still draft in the steps without it; outputs are unchanged."""
     from specbench.config import load_preset
     from specbench.registry import build_method_config
 
@@ -336,8 +328,7 @@ def test_cpu_preset_under_an_fp32_like_curve_drafts_dry_and_stays_lossless(smoll
         [chat(smollm2, CODE_EDIT)], 96, eos=smollm2.eos_token_ids, budget=budget,
     )
     w = budget.widths
-    runs = "".join("p" if x else "." for x in w)
-    assert w[0] == 5 and "." * DRY_TRIAL in runs and w[-1] == 0  # whole; then steps without it measured; without
+    assert w[0] == 5 and w[-1] == 0  # the whole pool first, none at the end
     dry = [k for k in budget.stats.drafted if len(k) == 1 and k[0].endswith(DRY)]
     assert dry and sum(budget.stats.drafted[k] for k in dry) > 0  # without it the dictionaries still drafted
 
@@ -355,7 +346,6 @@ def narrow_budget() -> AutoBudget:
     2 of the 3-wide pool."""
     budget = AutoBudget(STEP, aux_feeds=(SOURCE_FWD, SOURCE_BWD), warm=0, explore_every=1)
     budget.aux_steps, budget._aux_tokens, budget._aux_seconds = 1, 1.5, 3.0
-    budget._dry_steps, budget._dry_tokens, budget._dry_seconds = DRY_TRIAL, 1.0, 1.0  # 1 token a step without
     return budget
 
 
