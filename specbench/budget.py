@@ -45,8 +45,10 @@ the acceptance rule, so outputs are unchanged: a smaller draft is still a draft.
   on this CPU) goes after ~5 steps.
 * **The pool's width.** A drafter whose aux nodes are independent columns
   (SPECTRA's W pool sequences, ``Draft.aux_columns``) may send its first w.
-  When the pool on trial is judged not to pay, the widest narrower width of
-  W, W/2, … 1 (halved, rounded up) that should pay goes on trial instead, for
+  Whenever the pool on trial is judged not to pay (so at every step that
+  would go without it, against that step's dry rate), the widest narrower
+  width of W, W/2, … 1 (halved, rounded up) that should pay goes on trial
+  instead, for
   what is left of the warm-up's time and at least ``MIN_WARM`` steps: one
   whose block, with the guesses that pay beside it, would beat the rate
   without the pool if it brought the wider pool's tokens above one a step
@@ -59,9 +61,10 @@ the acceptance rule, so outputs are unchanged: a smaller draft is still a draft.
 * **Exploration.** The decision to leave auxiliary nodes out rests on a few
   measured steps, and the text and the context length change; so after
   ``explore_every`` steps without them one step sends them anyway, at the
-  width last on trial (its worth joins the running mean), and the wait doubles after each such step until a step
-  sends them by choice again (a fixed schedule: no randomness enters
-  decoding; over a long run the exploration costs less and less).
+  width last on trial (its worth joins the running mean), and the wait
+  doubles after each such step until a step sends them by choice again (a
+  fixed schedule: no randomness enters decoding; over a long run the
+  exploration costs less and less).
 """
 
 from __future__ import annotations
@@ -220,6 +223,8 @@ def subdraft(draft: Draft, keep: list[int], width: int) -> Draft:
 
 def aux_count(draft: Draft, width: int) -> int:
     """Aux nodes of ``draft``'s first ``width`` columns."""
+    if width <= 0:
+        return 0
     if width >= draft.aux_width:
         return draft.n_aux
     return sum(c < width for c in draft.aux_columns)
