@@ -48,12 +48,11 @@ the acceptance rule, so outputs are unchanged: a smaller draft is still a draft.
   Whenever the pool on trial is judged not to pay (so at every step that
   would go without it, against that step's dry rate), the widest narrower
   width of W, W/2, … 1 (halved, rounded up) that should pay goes on trial
-  instead, for
-  what is left of the warm-up's time and at least ``MIN_WARM`` steps: one
-  whose block, with the guesses that pay beside it, would beat the rate
-  without the pool if it brought the wider pool's tokens above one a step
-  scaled by √(w / wider) (fewer columns feed less, but overlap less). Only
-  when none should is the pool left out. Narrowing is for the run: a width
+  instead, for what is left of the warm-up's time and at least ``MIN_WARM``
+  steps: one whose block, with the guesses that pay beside it, would beat the
+  rate without the pool if it brought the wider pool's tokens above one a
+  step scaled by √(w / wider) (fewer columns feed less, but overlap less).
+  Only when none should is the pool left out. Narrowing is for the run: a width
   never grows back. Lookahead's window shifts as a whole: its aux nodes go
   all or none. So on a machine where the pool costs more than it brings,
   CORE falls back to what its dictionaries learn without it, and on a flat
