@@ -76,7 +76,7 @@ def preset(name: str, run_cfg=None, store: str | None = None):
         cfg["refine"] = False
     if variant == "random":
         cfg["datastore"] = cfg["datastore"] + RANDOM_SUFFIX
-    config = build_method_config(method, cfg)
+    config = build_method_config(method, cfg, budget)
     if run_cfg is not None:
         get_method(method).preflight(config, run_cfg)
     return method, config, budget

@@ -68,7 +68,8 @@ Reading choices: the pool starts with tokens drawn uniformly with replacement
 from the prompt. The paper feeds the dictionaries from the pool only
 (``context_ngrams: false``, the default); ``context_ngrams: true`` also inserts
 every window of N tokens of the prompt (at start) and of the committed output
-(as it grows), like a pool sequence. The pool is drawn anew at every
+(as it grows), like a pool sequence; ``context_ngrams: auto`` (the paper
+presets) does so only under ``budget=auto``, which may leave the pool out. The pool is drawn anew at every
 :meth:`start`; the dictionaries are emptied there too (``memory: turn``, the
 paper's behaviour) or kept across a sample's turns (``sample``) or the run
 (``run``). With ``use_forward_dict: false`` S_fwd is still kept (the

@@ -180,7 +180,7 @@ def validate(cfg: DictConfig) -> dict[str, Any]:
     except ValueError as err:
         raise ConfigError(str(err)) from None
     try:
-        method_cfg = build_method_config(cfg.method.name, method_params(cfg))
+        method_cfg = build_method_config(cfg.method.name, method_params(cfg), effective_budget(cfg))
     except UnknownNameError:
         raise
     except (TypeError, ValueError) as err:

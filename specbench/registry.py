@@ -57,8 +57,9 @@ def get_method(name: str) -> type:
     return _METHODS[name]
 
 
-def build_method_config(name: str, params: dict[str, Any]) -> Any:
-    """Fill a method's hyperparameter dataclass, rejecting unknown keys with a hint."""
+def build_method_config(name: str, params: dict[str, Any], budget: str = "fixed") -> Any:
+    """Fill a method's hyperparameter dataclass, rejecting unknown keys with a hint; a config with an
+    ``under_budget(budget)`` method resolves its budget-dependent settings there."""
     import dataclasses
 
     cls = get_method(name)
@@ -72,6 +73,9 @@ def build_method_config(name: str, params: dict[str, Any]) -> Any:
         hints = typing.get_type_hints(cls.Config)
         params = {k: _typed(k, hints.get(k), v) for k, v in params.items()}
     cfg = cls.Config(**params)
+    resolve = getattr(cfg, "under_budget", None)
+    if callable(resolve):
+        resolve(budget)
     check = getattr(cfg, "validate", None)
     if callable(check):
         check()

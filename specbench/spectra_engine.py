@@ -47,7 +47,9 @@ class CoreSettings:
     use_forward_dict: bool = True
     use_backward_dict: bool = True
     sub_ngrams: bool = True
-    context_ngrams: bool = False  # also learn n-grams of the prompt and committed output
+    # also learn n-grams of the prompt and committed output; "auto": when the run's budget is auto
+    # (what is left to draft from where the pool does not pay), resolved by :meth:`under_budget`
+    context_ngrams: bool | str = "auto"
     memory: str = "turn"  # how long the dictionaries live: turn (the paper) | sample | run
 
     def validate(self) -> None:
@@ -61,10 +63,18 @@ class CoreSettings:
         if not 0.0 <= self.coverage_threshold <= 1.0:
             raise ValueError(f"{m}: coverage_threshold must be in [0, 1], got {self.coverage_threshold}")
         check_memory(m, self.memory)
+        if self.context_ngrams not in (True, False, "auto"):
+            raise ValueError(f"{m}: context_ngrams must be true, false or auto, got {self.context_ngrams!r}")
         if self.coverage_reading not in READINGS:
             raise ValueError(
                 f"{m}: coverage_reading must be one of {', '.join(READINGS)}, got {self.coverage_reading!r}"
             )
+
+
+    def under_budget(self, budget: str) -> None:
+        """The run's budget is known: ``context_ngrams: auto`` learns the context under ``budget=auto``."""
+        if self.context_ngrams == "auto":
+            self.context_ngrams = budget == "auto"
 
 
 class SpectraCoreEngine:
@@ -93,12 +103,13 @@ class SpectraCoreEngine:
         self.pool.exclude(list(self.dicts.fwd))
         self.dicts.new_keys.clear()
         self._learned = 0
-        if self.settings.context_ngrams:
+        if self.settings.context_ngrams is True:
             self.learn_context(prompt_ids)
 
     def learn_context(self, tokens: list[int]) -> None:
-        """With ``context_ngrams``: insert every full window of N tokens not inserted yet."""
-        if not self.settings.context_ngrams:
+        """With ``context_ngrams``: insert every full window of N tokens not inserted yet (an
+        unresolved ``auto``, a config built without a budget, is a fixed budget's: nothing)."""
+        if self.settings.context_ngrams is not True:
             return
         n = self.settings.ngram_size
         for end in range(max(self._learned, n - 1), len(tokens)):

@@ -3,6 +3,7 @@ with trimmed drafts (greedy fp32 and the sampling distribution) and a run throug
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -30,6 +31,7 @@ from specbench.registry import get_method
 from specbench.results import load_results
 from specbench.runner import run
 from specbench.sampling import SamplingParams
+from specbench.spectra_engine import SpectraCoreEngine
 from specbench.verify import Target
 from tests.lossless import (
     CODE_EDIT,
@@ -422,3 +424,22 @@ def test_cache_entries_are_written_through_private_temporary_files(tmp_path):
 
     a, b = private_tmp(tmp_path / "curve.json"), private_tmp(tmp_path / "curve.json")
     assert a != b and a.parent == b.parent == tmp_path and a.name.startswith(".curve.json.")
+
+
+@pytest.mark.parametrize("preset", ["spectra_core", "spectra"])
+def test_paper_presets_learn_the_context_only_under_budget_auto(preset):
+    """The paper presets' dictionaries learn from their pool alone (the paper's rule, what the tables
+    reproduce with budget=fixed); under budget=auto, where the pool may be left out, they also learn the
+    context's n-grams, so a run that leaves the pool out still drafts. Resolved as a run resolves it."""
+    from specbench.config import validate
+
+    fixed = validate(make_cfg("experiment=smoke", f"method={preset}"))["method"]
+    auto = validate(make_cfg("experiment=smoke", f"method={preset}", "budget=auto"))["method"]
+    assert fixed.context_ngrams is False and auto.context_ngrams is True
+    pinned = validate(make_cfg("experiment=smoke", f"method={preset}", "budget=auto", "method.context_ngrams=false"))
+    assert pinned["method"].context_ngrams is False
+    engine = SpectraCoreEngine(dataclasses.replace(fixed, context_ngrams="auto"))  # built without a budget: fixed
+    engine.start([1, 2, 3, 4, 5, 6, 1, 2])
+    assert engine.dicts.fwd == {}
+    with pytest.raises(ValueError, match="context_ngrams must be true, false or auto"):
+        dataclasses.replace(fixed, context_ngrams="sometimes").validate()

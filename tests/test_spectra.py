@@ -64,7 +64,7 @@ def lookahead_rest(path, vocab=10, tokenizer=None, **kw):
 @pytest.mark.parametrize(
     "preset,expected",
     [
-        ("spectra", SpectraConfig()),
+        ("spectra", SpectraConfig(context_ngrams=False)),  # "auto" under the preset's fixed budget
         ("spectra-cpu", SpectraConfig(**SMALL, context_ngrams=True)),
         ("lookahead_rest", LookaheadRestConfig()),
         ("lookahead_rest-cpu", LookaheadRestConfig(window=5, ngram=4, guesses=5, max_nodes=16, max_continuation=8)),
