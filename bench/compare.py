@@ -4,7 +4,9 @@ For each dtype and dataset, every prompt is decoded by the autoregressive
 baseline and by each method preset (``conf/method/<preset>.yaml``), in an order
 that rotates from prompt to prompt, after one un-recorded warm-up per method.
 Reported per method: τ, speedup (Σ baseline time / Σ method time on the same
-prompts), Mac-TP, Mic-TP, tokens per decode forward (q/fwd: the root, the
+prompts), the speedup modelled by the cost curve that ``auto`` plans with
+(model: each decode step costs t(root + guesses + aux nodes, context); shown
+when a preset runs ``budget=auto``), Mac-TP, Mic-TP, tokens per decode forward (q/fwd: the root, the
 guesses and the auxiliary nodes), the share of steps that sent auxiliary nodes
 and how many they sent on average (aux: ``budget=auto`` chooses the pool's
 width and may leave it out), drafting overhead per step (time outside the
@@ -23,14 +25,16 @@ questions 41-80, for MT-Bench questions 1-40 and GSM8K); each is checked as a
 run would check it (it must exist; its prompts must not overlap the evaluated
 ones). ``<preset>:auto`` runs the preset with ``budget=auto`` (its drafts trimmed under this
 machine's measured cost curve, printed first; ``--flat-cost`` plans with a GPU-like flat curve
-instead). ``<preset>:norefine`` reads the unrefined store; ``<preset>:random`` reads the
-refined store's control, as many pieces drawn at random from the same subset
+instead, ``--plan-dtype bfloat16`` with bf16's curve: in an fp32 run, whose outputs all equal the
+autoregressive ones, the model column then compares budgets under bf16 costs on the same texts).
+``<preset>:norefine`` reads the unrefined store; ``<preset>:random`` reads the refined store's control, as many pieces drawn at random from the same subset
 (``python -m specbench.datastore refine --select random``), so that refinement is
 compared at a matched store size. The lookup time per
 step and each store's size and build time are printed too.
 
     python bench/compare.py --data gsm8k=/path/gsm8k_test.jsonl
     python bench/compare.py --dtypes bfloat16 --datasets mtbench --prompts 2 --max-new-tokens 64
+    python bench/compare.py --dtypes float32 --plan-dtype bfloat16 --methods spectra_core-cpu spectra_core-cpu:fixed
     python bench/compare.py --methods pld spectra_core-cpu rest-cpu spectra_retrieval-cpu \
         spectra_retrieval-cpu:norefine spectra-cpu --datasets humaneval mtbench
 """
@@ -100,8 +104,14 @@ class Tally:
         self.forward_tokens = 0  # tokens sent per decode forward: root + guesses + auxiliary nodes
         self.step_tokens: list[int] = []
         self.step_times: list[float] = []
+        self.modelled_s = 0.0  # decode time under the planning cost curve: Σ t(1 + guesses + aux, context)
 
-    def add(self, rec, seconds: float, same: bool) -> None:
+    def add(self, rec, seconds: float, same: bool, cost: CostModel | None = None) -> None:
+        if cost is not None:
+            context = rec.prompt_len + rec.step_tokens[0]
+            for q, a, k in zip(rec.step_drafted[1:], rec.step_aux[1:], rec.step_tokens[1:], strict=True):
+                self.modelled_s += cost(1 + q + a, context)
+                context += k
         self.n += 1
         self.match += same
         self.tokens += rec.new_tokens
@@ -164,7 +174,7 @@ def bench(loaded, prompts, presets: list[str], max_new: int, run_cfg=None, store
                 t.tokens += len(out)
                 t.seconds += seconds
             else:
-                tallies[name].add(rec, seconds, out == ref)
+                tallies[name].add(rec, seconds, out == ref, cost)
     return tallies
 
 
@@ -183,9 +193,11 @@ def report(dtype: str, dataset: str, tallies: dict[str, Tally]) -> None:
         aux = (f"{100 * t.aux_steps / decode_steps:3.0f}%:{t.aux_nodes / t.aux_steps:<4.0f}"
                if t.aux_steps else "       -")  # steps that sent aux nodes : nodes they sent
         speedup = (base.seconds / base.tokens) / (t.seconds / t.tokens)  # per-token time ratio
+        modelled = (f"{(base.modelled_s / (base.tokens - base.n)) / (t.modelled_s / (t.tokens - t.n)):5.2f}x"
+                    if t.modelled_s and base.modelled_s else "     -")  # decode steps only, as planned
         print(
-            f"{dtype:9} {dataset:10} {name:30} {tau} {speedup:6.2f}x {mac} {mic} {width} {aux} {overhead} {lookup}"
-            f"  {t.match}/{t.n}"
+            f"{dtype:9} {dataset:10} {name:30} {tau} {speedup:6.2f}x {modelled} {mac} {mic} {width} {aux} {overhead}"
+            f" {lookup}  {t.match}/{t.n}"
         )
 
 
@@ -201,6 +213,9 @@ def main() -> None:
     ap.add_argument("--stores", nargs="*", default=[], help="DATASET=STORE: the store retrieval presets read")
     ap.add_argument("--flat-cost", action="store_true",
                     help="<preset>:auto plans with a flat (GPU-like) cost curve instead of this machine's")
+    ap.add_argument("--plan-dtype", help="<preset>:auto plans with this dtype's cost curve (measured with the "
+                    "model in that dtype): an fp32 run, whose outputs equal autoregressive decoding's, shows what "
+                    "auto chooses under bf16 costs on the same texts (see the model column)")
     args = ap.parse_args()
     stores = {**DEFAULT_STORES, **dict(item.split("=", 1) for item in args.stores)}
 
@@ -213,16 +228,23 @@ def main() -> None:
     )
     print("speedup = autoregressive time per token / method time per token, same prompts, same process")
     print(
-        f"{'dtype':9} {'dataset':10} {'method':30} {'τ':>5} {'speedup':>7} {'Mac-TP':>7} {'Mic-TP':>7} "
+        f"{'dtype':9} {'dataset':10} {'method':30} {'τ':>5} {'speedup':>7} {'model':>6} {'Mac-TP':>7} {'Mic-TP':>7} "
         f"{'q/fwd':>5} {'aux':>8} {'ms/stp':>6} {'lookup':>6}  same as AR"
     )
     for dtype in args.dtypes:
         loaded = load_model(OmegaConf.merge(model_cfg, {"dtype": dtype}), hardware_cfg)
         cost = None
         if any(preset(m)[2] == "auto" for m in args.methods):
-            cost = CostModel.flat() if args.flat_cost else load_or_measure(
-                loaded, args.model, dtype, hardware_cfg.get("attn_implementation", "sdpa"))
-            print(f"cost curve ({dtype}{', flat: GPU-like' if args.flat_cost else ''}):\n{cost.table()}")
+            plan = args.plan_dtype or dtype
+            attn = hardware_cfg.get("attn_implementation", "sdpa")
+            if args.flat_cost:
+                cost = CostModel.flat()
+            elif plan == dtype:
+                cost = load_or_measure(loaded, args.model, dtype, attn)
+            else:  # another dtype's curve: measured (or read from the cache) with the model in that dtype
+                cost = load_or_measure(load_model(OmegaConf.merge(model_cfg, {"dtype": plan}), hardware_cfg),
+                                       args.model, plan, attn)
+            print(f"cost curve ({plan}{', flat: GPU-like' if args.flat_cost else ''}):\n{cost.table()}")
         for name in args.datasets:
             found = dataset_prompts(name, loaded.tokenizer, model_cfg, limit=args.prompts, path=paths.get(name))
             if found is None:

@@ -443,3 +443,25 @@ def test_paper_presets_learn_the_context_only_under_budget_auto(preset):
     assert engine.dicts.fwd == {}
     with pytest.raises(ValueError, match="context_ngrams must be true, false or auto"):
         dataclasses.replace(fixed, context_ngrams="sometimes").validate()
+
+
+def test_compare_models_each_decode_step_at_its_context():
+    """bench/compare.py's model column: each decode step costs t(root + guesses + aux nodes) at the
+    context it ran after (the prompt, then every token before it); the prefill is left out."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from compare import Tally
+
+    from specbench.record import GenerationRecord
+
+    grows = CostModel(qs=[1, 2], contexts=[0, 100], seconds=[[1.0, 2.0], [11.0, 12.0]])  # q + context / 10
+    rec = GenerationRecord(prompt_len=10, output_ids=[7] * 6, step_tokens=[1, 3, 2], step_times=[0.5, 0.1, 0.1],
+                           step_drafted=[0, 4, 1], step_aux=[0, 2, 0], step_draft_s=[0, 0, 0], step_lookup_s=[0, 0, 0])
+    tally = Tally()
+    tally.add(rec, 1.0, True, grows)
+    assert tally.modelled_s == pytest.approx((7 + 1.1) + (2 + 1.4))  # after 11 tokens, then after 14
+    plain = Tally()
+    plain.add(rec, 1.0, True)
+    assert plain.modelled_s == 0.0
