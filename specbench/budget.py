@@ -36,10 +36,12 @@ the acceptance rule, so outputs are unchanged: a smaller draft is still a draft.
   SPECTRA's dictionaries still learn from the output). When the second pays
   better the step goes without them, and the dry guesses that still pay go.
 * **Warm-up.** The aux nodes are sent while their worth is measured, until it
-  has spent ``warm`` plain steps' worth of (modelled) time on them: a pool
-  that adds a fifth of a step is measured over ~40 steps, long enough for
-  Lookahead's window and SPECTRA's dictionaries to start paying, one that adds
-  a whole step over ~8. From the ``MIN_WARM``-th step on the warm-up also ends
+  has spent ``warm`` (16) plain steps' worth of (modelled) time on them: a
+  pool that adds a fifth of a step is measured over ~80 steps, long enough for
+  Lookahead's window and SPECTRA's dictionaries to fill and pay (on MT-Bench
+  in bf16 half as long a warm-up judged SPECTRA-CORE's pool while it did not
+  pay yet, and left it out for good: 6% slower than keeping it), one that
+  adds a whole step over ~16. From the ``MIN_WARM``-th step on the warm-up also ends
   as soon as the measured worth falls short of the dry rate by more than
   1/√(steps so far), so a pool that clearly costs more than it brings (fp32
   on this CPU) goes after ~5 steps.
@@ -233,7 +235,7 @@ class AutoBudget:
     """Trims drafts under a cost curve; learns acceptance rates from every step it planned."""
 
     def __init__(self, cost: CostModel, aux_feeds: tuple[str, ...] = (), explore_every: int = 16,
-                 stats: AcceptanceStats | None = None, warm: float = 8.0) -> None:
+                 stats: AcceptanceStats | None = None, warm: float = 16.0) -> None:
         if explore_every < 0:
             raise ValueError(f"budget: explore_every must be >= 0, got {explore_every}")
         self.cost, self.aux_feeds, self.explore_every = cost, tuple(aux_feeds), explore_every
