@@ -6,8 +6,8 @@ that rotates from prompt to prompt, after one un-recorded warm-up per method.
 Reported per method: τ, speedup (Σ baseline time / Σ method time on the same
 prompts), the speedup modelled by the cost curve that ``auto`` plans with
 (model: each decode step costs t(root + guesses + aux nodes, context); shown
-when a preset runs ``budget=auto``), Mac-TP, Mic-TP, tokens per decode forward (q/fwd: the root, the
-guesses and the auxiliary nodes), the share of steps that sent auxiliary nodes
+when a preset runs ``budget=auto``), Mac-TP, Mic-TP, tokens per decode
+forward (q/fwd: the root, the guesses and the auxiliary nodes), the share of steps that sent auxiliary nodes
 and how many they sent on average (aux: ``budget=auto`` chooses the pool's
 width and may leave it out), drafting overhead per step (time outside the
 model forward: propose + update), and how many greedy outputs equal the
@@ -27,9 +27,9 @@ ones). ``<preset>:auto`` runs the preset with ``budget=auto`` (its drafts trimme
 machine's measured cost curve, printed first; ``--flat-cost`` plans with a GPU-like flat curve
 instead, ``--plan-dtype bfloat16`` with bf16's curve: in an fp32 run, whose outputs all equal the
 autoregressive ones, the model column then compares budgets under bf16 costs on the same texts).
-``<preset>:norefine`` reads the unrefined store; ``<preset>:random`` reads the refined store's control, as many pieces drawn at random from the same subset
-(``python -m specbench.datastore refine --select random``), so that refinement is
-compared at a matched store size. The lookup time per
+``<preset>:norefine`` reads the unrefined store; ``<preset>:random`` reads the refined store's
+control, as many pieces drawn at random from the same subset (``python -m specbench.datastore
+refine --select random``), so that refinement is compared at a matched store size. The lookup time per
 step and each store's size and build time are printed too.
 
     python bench/compare.py --data gsm8k=/path/gsm8k_test.jsonl

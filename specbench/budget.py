@@ -41,8 +41,8 @@ the acceptance rule, so outputs are unchanged: a smaller draft is still a draft.
   Lookahead's window and SPECTRA's dictionaries to fill and pay (on MT-Bench
   in bf16 half as long a warm-up judged SPECTRA-CORE's pool while it did not
   pay yet, and left it out for good: 6% slower than keeping it), one that
-  adds a whole step over ~16. From the ``MIN_WARM``-th step on the warm-up also ends
-  as soon as the measured worth falls short of the dry rate by more than
+  adds a whole step over ~16. From the ``MIN_WARM``-th step on the warm-up
+  also ends as soon as the measured worth falls short of the dry rate by more than
   1/√(steps so far), so a pool that clearly costs more than it brings (fp32
   on this CPU) goes after ~5 steps.
 * **The pool's width.** A drafter whose aux nodes are independent columns
