@@ -13,7 +13,9 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("model", "method", "dataset", "hardware", "experiment")
 # Settings that choose where or how much to run, not what a result means: left out of the config hash,
 # so that a re-run with a larger limit resumes the same results file.
-BOOKKEEPING = ("results_dir", "limit", "offset", "warmup", "progress", "hydra", "paper_dir")
+# `repeats` too: each repeat is its own rows (column `repeat`), so repeats=3 extends a run made with repeats=1.
+BOOKKEEPING = ("results_dir", "limit", "offset", "warmup", "progress", "hydra", "paper_dir", "spec_bench_dir",
+               "repeats")
 
 
 class ConfigError(ValueError):
@@ -130,6 +132,8 @@ def _check_numbers(cfg: DictConfig) -> None:
     _number(cfg, "limit", int, minimum=1, nullable=True, what="a positive number of samples (or null for all)")
     _number(cfg, "offset", int, minimum=0, what="a whole number >= 0")
     _number(cfg, "warmup", int, minimum=0, what="a whole number of warm-up generations >= 0")
+    _number(cfg, "repeats", int, minimum=1, nullable=True,
+            what="a positive number of measurements of each sample (repeats=3 as Spec-Bench)")
     if "hardware" in cfg and cfg.hardware.get("num_threads") is not None:
         _number(cfg.hardware, "num_threads", int, minimum=1, what="a positive number of threads (or null)")
 

@@ -15,6 +15,27 @@ from specbench.verify import Target
 _EMPTY = Draft()
 
 
+def _check(draft: Draft, name: str, step: int) -> None:
+    """A malformed draft (a child listed before its parent, lists of unequal length) is an error naming
+    the method: verifying it would run a silently wrong forward."""
+    try:
+        draft.validate()
+    except ValueError as err:
+        raise ValueError(f"method '{name}' proposed an invalid draft at step {step}: {err}") from None
+
+
+def _record_step(record: GenerationRecord, kept: int, seconds: float, drafted: int, aux: int,
+                 accepted: int, depth: int, draft_s: float, lookup_s: float) -> None:
+    record.step_tokens.append(kept)
+    record.step_times.append(seconds)
+    record.step_drafted.append(drafted)
+    record.step_aux.append(aux)
+    record.step_accepted.append(accepted)
+    record.step_depth.append(depth)
+    record.step_draft_s.append(draft_s)
+    record.step_lookup_s.append(lookup_s)
+
+
 def _commit(record: GenerationRecord, tokens: list[int], eos: set[int], max_new: int) -> int:
     """Append a step's tokens, stopping at EOS (kept) or at max_new_tokens. Returns tokens kept."""
     kept = 0
@@ -59,24 +80,24 @@ def generate(
     drafter.start(list(prompt_ids))
     logits = target.prefill(list(prompt_ids), cache)
     _, tokens = accept(_EMPTY, logits[None], sampling, generator)
+    kept = _commit(record, tokens, eos, max_new_tokens)
     target.sync()
     record.prefill_s = perf_counter() - t0
-    kept = _commit(record, tokens, eos, max_new_tokens)
-    record.step_tokens.append(kept)
-    record.step_times.append(record.prefill_s)
-    record.step_drafted.append(0)
-    record.step_aux.append(0)
-    record.step_draft_s.append(0.0)
-    record.step_lookup_s.append(0.0)
+    record.dropped = len(tokens) - kept
+    _record_step(record, kept, 0.0, 0, 0, 0, 0, 0.0, 0.0)
+    record.step_times[0] = record.prefill_s
 
     seq = list(prompt_ids) + record.output_ids
     step = 0
+    name = getattr(drafter, "name", type(drafter).__name__)
     while not record.finish_reason:
         step += 1
         start = perf_counter()
         draft = drafter.propose(DecodeState(seq, len(prompt_ids), max_new_tokens, step))
         if draft is None:
             draft = _EMPTY
+        elif draft is not _EMPTY:
+            _check(draft, name, step)
         if budget is not None:
             draft = budget.plan(draft, seq)
         target.sync()  # a draft model's kernels count as draft time, not forward time
@@ -96,23 +117,22 @@ def generate(
             VerifyResult(path, tokens, draft, aux_logits=aux_logits, root_logits=logits[0], logits=rows)
         )
         target.sync()
-        end = perf_counter()
+        updated = perf_counter()
 
         kept = _commit(record, tokens, eos, max_new_tokens)
         seq.extend(tokens[:kept])
-        record.step_tokens.append(kept)
-        record.step_times.append(end - start)
-        record.step_drafted.append(n)
-        record.step_aux.append(draft.n_aux)
-        record.step_draft_s.append((proposed - start) + (end - verified))
-        record.step_lookup_s.append(draft.lookup_s)
-        if n:
-            for i in range(n):  # a node several sources proposed counts for each of them
-                record.drafted_by_source.update(draft.sources_of(i))
-            for depth, i in enumerate(path[: min(kept, len(path))], start=1):
-                record.accepted_by_source.update(draft.sources_of(i))
-                record.accepted_by_position[depth] += 1
-    if budget is not None:
-        budget.finish(seq)
+        accepted = min(kept, len(path))  # guesses committed: EOS or max_new_tokens may cut the run
+        for i in range(n):  # a node several sources proposed counts for each of them
+            record.drafted_by_source.update(draft.sources_of(i))
+        for i in path[:accepted]:
+            record.accepted_by_source.update(draft.sources_of(i))
+        depth = max(draft.depths(), default=0) if n else 0
+        if record.finish_reason:
+            record.dropped = len(tokens) - kept
+            if budget is not None:
+                budget.finish(seq)
+        end = perf_counter()  # the step's time covers all of its work: bookkeeping and the budget too
+        _record_step(record, kept, end - start, n, draft.n_aux, accepted, depth,
+                     (proposed - start) + (updated - verified), draft.lookup_s)
     record.decode_s = sum(record.step_times[1:])
     return record

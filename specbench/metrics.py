@@ -2,11 +2,23 @@
 
 One definition of every number, used for each row and for every table:
 
-* τ = Σ new_tokens / Σ steps (the prefill counts as a step: autoregressive τ = 1);
-* Mac-TP = mean over steps of tokens_i / time_i (a mean of per-step rates);
-* Mic-TP = Σ tokens / Σ time (a pooled rate);
-* speedup = Σ baseline wall_s / Σ method wall_s over the samples both have,
-  measured on the same device, dtype and sampling settings.
+* τ = Σ new_tokens / Σ steps (SPECTRA's and Lookahead's count: the prefill is a
+  step, so autoregressive τ = 1);
+* acceptance length = 1 + accepted guesses per decode step (Spec-Bench's "mean
+  accepted tokens", vLLM's "acceptance length": the prefill is not a step);
+  acceptance rate = accepted guesses / drafted guesses; acceptance at depth d =
+  decode steps that kept ≥ d guesses / decode steps that drafted depth d (vLLM).
+  All come from the per-step lists ``accepted_per_step`` and ``step_depth``;
+* Mac-TP = mean over decode steps of tokens_i / time_i (the paper's mean of
+  per-step rates); Mic-TP = Σ tokens / Σ time over decode steps (a pooled
+  rate). Both leave the prefill out; speedup does not;
+* speedup = (Σ method new_tokens / Σ method wall_s) ÷ (Σ baseline new_tokens /
+  Σ baseline wall_s) over paired samples (same prompt, turn and repeat, same
+  device, dtype and sampling settings): a token-rate ratio, right also when the
+  two outputs differ in length (sampling, bf16); for identical outputs it is
+  Σ baseline wall_s / Σ method wall_s. Its spread: the standard deviation of
+  the per-repeat ratios, and a 95% paired bootstrap interval over prompts
+  (prompts resampled with their turns and repeats, the ratio recomputed).
 """
 
 from __future__ import annotations
@@ -14,7 +26,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -50,6 +62,9 @@ GROUP_KEYS = (
     "dtype",
 )
 QUALITY_COLUMNS = ("rouge1", "rouge2", "rougeL", "accuracy", "pass")
+BOOTSTRAP_RESAMPLES = 2000
+INTERVAL = 0.95
+NO_CHANGE = "no measurable change"
 
 
 def mac_tp(step_tokens: Sequence[float], step_times: Sequence[float]) -> float:
@@ -93,14 +108,81 @@ def _same_ids(a, b) -> bool:
     return np.array_equal(np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64))
 
 
+def _decode(series: Iterable) -> np.ndarray:
+    """Per-step values of every row with each row's first entry (the prefill) left out."""
+    return _concat(np.asarray(v, dtype=float)[1:] for v in series if v is not None)
+
+
+def speedup_ratio(m_tokens, m_seconds, b_tokens, b_seconds):
+    """(method tokens / method seconds) ÷ (baseline tokens / baseline seconds); works on arrays."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return (np.asarray(m_tokens, dtype=float) / np.asarray(m_seconds, dtype=float)) / (
+            np.asarray(b_tokens, dtype=float) / np.asarray(b_seconds, dtype=float)
+        )
+
+
+def bootstrap_interval(
+    parts: dict[str, Sequence[float]],
+    stat: Callable[..., np.ndarray],
+    *,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    level: float = INTERVAL,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of ``stat`` over units (prompts) drawn with replacement.
+
+    ``parts`` maps a name to one total per unit (all of one length); ``stat`` takes
+    the same names, each an array of resampled sums, and returns one value per
+    resample. Units stay whole, so paired quantities (a method's and its
+    baseline's times on one prompt) are resampled together. NaN with fewer than
+    two units. Seeded: the same rows give the same interval.
+    """
+    arrays = {k: np.asarray(v, dtype=float) for k, v in parts.items()}
+    n = len(next(iter(arrays.values()))) if arrays else 0
+    if n < 2:
+        return math.nan, math.nan
+    idx = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
+    values = np.asarray(stat(**{k: v[idx].sum(axis=1) for k, v in arrays.items()}), dtype=float)
+    values = values[np.isfinite(values)]
+    if not len(values):
+        return math.nan, math.nan
+    tail = 100 * (1 - level) / 2
+    lo, hi = np.percentile(values, [tail, 100 - tail])
+    return float(lo), float(hi)
+
+
+def verdict(lo: float, hi: float) -> str:
+    """How a speedup interval reads: faster, slower, or no measurable change (it contains 1.00)."""
+    if math.isnan(lo) or math.isnan(hi):
+        return ""
+    return "faster" if lo > 1 else "slower" if hi < 1 else NO_CHANGE
+
+
+def _std(values: list[float]) -> float:
+    return float(np.std(values, ddof=1)) if len(values) > 1 else math.nan
+
+
 def _group_stats(g: pd.DataFrame) -> dict:
-    tokens, times = _concat(g["step_tokens"]), _concat(g["step_times"])
+    tokens, times = _decode(g["step_tokens"]), _decode(g["step_times"])
     accepted = _concat(g["accepted_per_step"])
     decode_steps = len(accepted)
+    drafted = float(_decode(g["step_drafted"]).sum()) if "step_drafted" in g.columns else math.nan
+    per_prompt = g.groupby("sample_id", sort=False)[["new_tokens", "steps"]].sum()
+    tau_lo, tau_hi = bootstrap_interval(
+        {"tokens": per_prompt["new_tokens"], "steps": per_prompt["steps"]}, lambda tokens, steps: tokens / steps
+    )
+    repeats = g.groupby("repeat")[["new_tokens", "steps"]].sum() if "repeat" in g.columns else None
     stats = {
         "n_samples": len(g),
+        "n_prompts": len(per_prompt),
+        "n_repeats": len(repeats) if repeats is not None else 1,
         "tau": tau(g["new_tokens"].sum(), g["steps"].sum()),
+        "tau_lo": tau_lo,
+        "tau_hi": tau_hi,
+        "tau_std": _std(list(repeats["new_tokens"] / repeats["steps"])) if repeats is not None else math.nan,
         "mean_accepted": float(accepted.mean()) if decode_steps else math.nan,
+        "acceptance_length": 1 + float(accepted.mean()) if decode_steps else math.nan,
+        "acceptance_rate": float(accepted.sum()) / drafted if drafted and drafted == drafted else math.nan,
         "mac_tp": mac_tp(tokens, times),
         "mic_tp": mic_tp(tokens, times),
         "wall_s": float(g["wall_s"].sum()),
@@ -119,6 +201,32 @@ def _group_stats(g: pd.DataFrame) -> dict:
     return stats
 
 
+def _speedup_stats(paired: pd.DataFrame) -> dict:
+    """Speedup of paired rows (method columns + ``_base_*``): pooled, per repeat, bootstrapped over prompts."""
+    cols = {"m_tokens": "new_tokens", "m_seconds": "wall_s", "b_tokens": "_base_tokens", "b_seconds": "_base_wall_s"}
+    nan = {"speedup": math.nan, "speedup_lo": math.nan, "speedup_hi": math.nan, "speedup_std": math.nan,
+           "speedup_wall": math.nan, "verdict": ""}
+    if not len(paired) or paired["wall_s"].sum() <= 0:
+        return nan
+    sums = {k: float(paired[c].sum()) for k, c in cols.items()}
+    per_prompt = paired.groupby("sample_id", sort=False)[list(cols.values())].sum()
+    lo, hi = bootstrap_interval({k: per_prompt[c] for k, c in cols.items()}, speedup_ratio)
+    per_repeat = paired.groupby("repeat")[list(cols.values())].sum() if "repeat" in paired.columns else None
+    std = (
+        _std(list(speedup_ratio(*(per_repeat[c] for c in cols.values()))))
+        if per_repeat is not None
+        else math.nan
+    )
+    return {
+        "speedup": float(speedup_ratio(**sums)),
+        "speedup_lo": lo,
+        "speedup_hi": hi,
+        "speedup_std": std,
+        "speedup_wall": sums["b_seconds"] / sums["m_seconds"],  # the time ratio alone: earlier versions' figure
+        "verdict": verdict(lo, hi),
+    }
+
+
 def with_preset(df: pd.DataFrame) -> pd.DataFrame:
     """``df`` with a ``preset`` column everywhere (rows written before presets were recorded: the method)."""
     if df.empty or "method" not in df.columns:
@@ -134,28 +242,41 @@ def with_preset(df: pd.DataFrame) -> pd.DataFrame:
 def summarize(df: pd.DataFrame, baseline_method: str = "autoregressive", same_job: bool = False) -> pd.DataFrame:
     """One row per (model, dataset, preset, method, method_params, sampling settings, device, dtype).
 
-    Rows without a ``preset`` column are grouped by method. With ``same_job``
-    a method row is paired only with baseline rows of the same job (same
-    ``config_hash``: the same results file, across resumes), so that a speedup
-    never divides times measured in different runs.
+    Rows without a ``preset`` column are grouped by method; rows without a
+    ``repeat`` column are repeat 0. With ``same_job`` a method row is paired
+    only with baseline rows of the same job (same ``config_hash``: the same
+    results file, across resumes), so that a speedup never divides times
+    measured in different runs.
 
-    Columns: ``n_samples`` (rows); ``tau`` = Σ new_tokens / Σ steps;
-    ``mean_accepted`` = mean over decode steps of draft tokens accepted;
-    ``mac_tp`` = mean over all steps of all rows of tokens/time; ``mic_tp`` =
-    Σ tokens / Σ time; ``wall_s`` = Σ wall time; ``speedup`` = Σ baseline wall_s
-    / Σ method wall_s over the rows that have a baseline partner (same
-    :data:`JOIN_KEYS`; several baseline rows for one key are averaged), 1.0 for
-    the baseline itself; ``n_paired`` = rows in that join; ``greedy_match`` =
-    at temperature 0, the fraction of paired rows whose output_ids equal the
-    baseline's token for token (NaN when sampling or unpaired);
-    ``overhead_ms_per_step`` = 1000 · Σ draft_overhead_s / Σ decode steps
-    (steps after the prefill); plus the mean of any :data:`QUALITY_COLUMNS`.
+    Columns: ``n_samples`` (rows), ``n_prompts`` (distinct samples),
+    ``n_repeats``; ``tau`` = Σ new_tokens / Σ steps, with ``tau_lo``/``tau_hi``
+    (95% bootstrap interval over prompts) and ``tau_std`` (over repeats);
+    ``mean_accepted`` = mean over decode steps of guesses accepted;
+    ``acceptance_length`` = 1 + that; ``acceptance_rate`` = Σ accepted / Σ
+    drafted guesses; ``mac_tp`` = mean over decode steps of tokens/time;
+    ``mic_tp`` = Σ tokens / Σ time over decode steps; ``wall_s`` = Σ wall time;
+    ``speedup`` = (Σ method new_tokens / Σ method wall_s) ÷ (Σ baseline
+    new_tokens / Σ baseline wall_s) over the rows that have a baseline partner
+    (same :data:`JOIN_KEYS` and repeat; several baseline rows for one key are
+    averaged), 1.0 for the baseline itself, with ``speedup_lo``/``speedup_hi``
+    (95% paired bootstrap interval over prompts), ``speedup_std`` (over
+    repeats), ``speedup_wall`` (Σ baseline wall_s / Σ method wall_s, the
+    figure of earlier versions: equal to ``speedup`` when the outputs have
+    equal lengths) and ``verdict`` (faster, slower, or no measurable change:
+    the interval contains 1.00); ``n_paired`` = rows in that join;
+    ``greedy_match`` = at temperature 0, the fraction of paired rows whose
+    output_ids equal the baseline's token for token (NaN when sampling or
+    unpaired); ``overhead_ms_per_step`` = 1000 · Σ draft_overhead_s / Σ decode
+    steps; plus the mean of any :data:`QUALITY_COLUMNS`.
     """
     if df.empty:
         return pd.DataFrame()
     df = with_preset(df)
+    if "repeat" not in df.columns:
+        df["repeat"] = 0
+    df["repeat"] = df["repeat"].fillna(0).astype(int)
     group_keys = [k for k in GROUP_KEYS if k in df.columns]
-    join_keys = [k for k in JOIN_KEYS if k in df.columns]
+    join_keys = [k for k in JOIN_KEYS if k in df.columns] + ["repeat"]
     if same_job:
         if "config_hash" not in df.columns:
             raise ValueError("summarize(same_job=True) needs a config_hash column")
@@ -163,7 +284,11 @@ def summarize(df: pd.DataFrame, baseline_method: str = "autoregressive", same_jo
     base = df[df["method"] == baseline_method]
     base = (
         base.groupby(join_keys, dropna=False, sort=False)
-        .agg(_base_wall_s=("wall_s", "mean"), _base_ids=("output_ids", "first"))
+        .agg(
+            _base_wall_s=("wall_s", "mean"),
+            _base_tokens=("new_tokens", "mean"),
+            _base_ids=("output_ids", "first"),
+        )
         .reset_index()
     )
     out = []
@@ -173,11 +298,10 @@ def summarize(df: pd.DataFrame, baseline_method: str = "autoregressive", same_jo
         paired = g.merge(base, on=join_keys, how="inner")
         rec["n_paired"] = len(paired)
         if rec["method"] == baseline_method:
-            rec["speedup"] = 1.0
-        elif len(paired) and paired["wall_s"].sum() > 0:
-            rec["speedup"] = float(paired["_base_wall_s"].sum() / paired["wall_s"].sum())
+            rec.update(speedup=1.0, speedup_lo=math.nan, speedup_hi=math.nan, speedup_std=math.nan,
+                       speedup_wall=1.0, verdict="")
         else:
-            rec["speedup"] = math.nan
+            rec.update(_speedup_stats(paired))
         greedy = "temperature" in rec and rec["temperature"] == 0 and len(paired)
         rec["greedy_match"] = (
             float(
@@ -192,9 +316,19 @@ def summarize(df: pd.DataFrame, baseline_method: str = "autoregressive", same_jo
     first = [
         *group_keys,
         "n_samples",
+        "n_prompts",
+        "n_repeats",
         "n_paired",
         "speedup",
+        "speedup_lo",
+        "speedup_hi",
+        "speedup_std",
+        "verdict",
         "tau",
+        "tau_lo",
+        "tau_hi",
+        "acceptance_length",
+        "acceptance_rate",
         "mean_accepted",
         "mac_tp",
         "mic_tp",
@@ -226,26 +360,36 @@ def acceptance_by_source(df: pd.DataFrame, by: Sequence[str] = ("method",)) -> p
 
 
 def acceptance_by_position(df: pd.DataFrame, by: Sequence[str] = ("method",)) -> pd.DataFrame:
-    """Per ``by`` group and draft depth k (1 = first guess): accepted count and rate.
+    """Per ``by`` group and draft depth d (1 = first guess): vLLM's per-position acceptance.
 
-    rate = accepted at depth k / decode steps, i.e. the fraction of decode
-    steps that accepted at least k guesses (accepted paths start at depth 1).
+    ``accepted`` = decode steps that kept at least d guesses; ``drafted`` =
+    decode steps whose draft reached depth d (``step_depth``; rows written
+    before it was recorded count every decode step); ``rate`` = accepted /
+    drafted; ``of_steps`` = accepted / all decode steps. Both come from the
+    per-step lists, as the acceptance length does.
     """
     out = []
     for key, g in df.groupby(list(by), dropna=False, sort=True):
-        counts = _counts(g["accepted_by_position"])
-        decode_steps = len(_concat(g["accepted_per_step"]))
-        for pos in sorted(counts, key=int):
+        accepted = _concat(g["accepted_per_step"]).astype(int)
+        decode_steps = len(accepted)
+        if "step_depth" in g.columns and g["step_depth"].notna().all():
+            depth = _decode(g["step_depth"]).astype(int)
+        else:
+            depth = np.full(decode_steps, np.iinfo(np.int64).max)
+        for d in range(1, int(accepted.max(initial=0)) + 1):
+            kept, drafted = int((accepted >= d).sum()), int((depth >= d).sum())
             out.append(
                 {
                     **dict(zip(by, key, strict=True)),
-                    "position": int(pos),
-                    "accepted": counts[pos],
+                    "position": d,
+                    "accepted": kept,
+                    "drafted": drafted,
                     "decode_steps": decode_steps,
-                    "rate": counts[pos] / decode_steps if decode_steps else math.nan,
+                    "rate": kept / drafted if drafted else math.nan,
+                    "of_steps": kept / decode_steps if decode_steps else math.nan,
                 }
             )
-    return pd.DataFrame(out, columns=[*by, "position", "accepted", "decode_steps", "rate"])
+    return pd.DataFrame(out, columns=[*by, "position", "accepted", "drafted", "decode_steps", "rate", "of_steps"])
 
 
 def _fmt(value, spec: str, suffix: str = "") -> str:
@@ -254,12 +398,34 @@ def _fmt(value, spec: str, suffix: str = "") -> str:
     return f"{value:{spec}}{suffix}"
 
 
+def format_interval(value: float, lo: float = math.nan, hi: float = math.nan, std: float = math.nan,
+                    spec: str = ".2f", suffix: str = "") -> str:
+    """``1.54× ±0.03 [1.38, 1.71]``: the value, its spread over repeats (when there are several) and its
+    interval (when there is one)."""
+    text = _fmt(value, spec, suffix)
+    if text == "—":
+        return text
+    if not _missing(std):
+        text += f" ±{std:{spec}}"
+    if not _missing(lo) and not _missing(hi):
+        text += f" [{lo:{spec}}, {hi:{spec}}]"
+    return text
+
+
+def _missing(value) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
 def format_table(summary: pd.DataFrame) -> str:
     """A Markdown table of a :func:`summarize` result, padded to fixed width.
 
     Key columns (model, dataset, temperature, device, dtype) are shown only
     when they vary; a method run with several parameter sets is labelled with
-    its parameters. Throughputs are tokens/s.
+    its parameters. Throughputs are tokens/s. Speedup and τ carry ``±`` their
+    standard deviation over repeats (with several repeats) and ``[lo, hi]``
+    their 95% bootstrap interval over prompts (with several prompts); "vs AR"
+    says whether the speedup's interval lies above 1.00 (faster), below it
+    (slower) or contains it (no measurable change).
     """
     if summary.empty:
         return "(no results)"
@@ -275,10 +441,12 @@ def format_table(summary: pd.DataFrame) -> str:
         "preset",
         "n",
         "speedup",
+        "vs AR",
         "τ",
+        "acc. length",
+        "acc. rate",
         "Mac-TP",
         "Mic-TP",
-        "mean accepted",
         "greedy match",
         "overhead ms/step",
     ]
@@ -294,11 +462,14 @@ def format_table(summary: pd.DataFrame) -> str:
             + [
                 method,
                 str(int(r["n_samples"])),
-                _fmt(r["speedup"], ".2f", "×"),
-                _fmt(r["tau"], ".2f"),
+                format_interval(r["speedup"], r.get("speedup_lo"), r.get("speedup_hi"), r.get("speedup_std"),
+                                suffix="×"),
+                str(r.get("verdict") or "—") if r["method"] != "autoregressive" else "—",
+                format_interval(r["tau"], r.get("tau_lo"), r.get("tau_hi"), r.get("tau_std")),
+                _fmt(r.get("acceptance_length"), ".2f"),
+                _fmt(r.get("acceptance_rate"), ".0%"),
                 _fmt(r["mac_tp"], ".1f"),
                 _fmt(r["mic_tp"], ".1f"),
-                _fmt(r["mean_accepted"], ".2f"),
                 _fmt(r["greedy_match"], ".0%"),
                 _fmt(r["overhead_ms_per_step"], ".2f"),
             ]

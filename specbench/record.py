@@ -7,7 +7,14 @@ Counting follows one definition for every method (see the README):
 * ``steps``: target forward passes that produced tokens; the prefill counts as
   one, so autoregressive decoding has τ = new_tokens / steps = 1 exactly;
 * ``step_tokens[i]`` / ``step_times[i]``: tokens yielded and seconds taken by
-  step ``i`` (step 0 is the prefill).
+  step ``i`` (step 0 is the prefill); a step's time covers all of its work
+  (drafting, the forward, acceptance, the drafter's update, bookkeeping);
+* ``step_accepted[i]``: guesses of step ``i`` that were accepted *and* kept
+  (EOS or ``max_new_tokens`` may cut an accepted run); ``step_depth[i]``: the
+  depth of its deepest verified guess (0: no guess).
+
+Every acceptance figure (acceptance length, acceptance rate, acceptance by
+position) derives from these per-step lists, so no two can disagree.
 """
 
 from __future__ import annotations
@@ -24,14 +31,16 @@ class GenerationRecord:
     step_times: list[float] = field(default_factory=list)  # seconds per step (prefill first)
     step_drafted: list[int] = field(default_factory=list)  # guesses verified per step (0 for prefill)
     step_aux: list[int] = field(default_factory=list)  # auxiliary nodes per step
+    step_accepted: list[int] = field(default_factory=list)  # guesses accepted and kept per step (0 for prefill)
+    step_depth: list[int] = field(default_factory=list)  # deepest verified guess per step (0: none)
     step_draft_s: list[float] = field(default_factory=list)  # seconds in propose + update per step
     step_lookup_s: list[float] = field(default_factory=list)  # of which: external-store lookups (0 for prefill)
     drafted_by_source: Counter = field(default_factory=Counter)  # guesses on the verified tree, by source
     accepted_by_source: Counter = field(default_factory=Counter)  # accepted guesses, by source
-    accepted_by_position: Counter = field(default_factory=Counter)  # accepted guesses by depth (1 = first)
     prefill_s: float = 0.0
     decode_s: float = 0.0
     finish_reason: str = ""  # "eos" | "length"
+    dropped: int = 0  # tokens the last step produced beyond EOS or max_new_tokens (cut away)
 
     @property
     def new_tokens(self) -> int:
@@ -51,5 +60,13 @@ class GenerationRecord:
 
     @property
     def accepted_per_step(self) -> list[int]:
-        """Draft tokens accepted per decode step (the target's own token not counted)."""
-        return [max(n - 1, 0) for n in self.step_tokens[1:]]
+        """Guesses accepted and kept per decode step (the target's own token not counted)."""
+        return list(self.step_accepted[1:])
+
+    @property
+    def accepted_by_position(self) -> Counter:
+        """Decode steps that kept at least d guesses, by depth d (1 = the first guess)."""
+        counts: Counter = Counter()
+        for a in self.step_accepted[1:]:
+            counts.update(range(1, a + 1))
+        return counts

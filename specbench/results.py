@@ -48,7 +48,7 @@ REQUIRED_CONTEXT = (
     "max_new_tokens",
 )
 # Rows that agree on these are one measurement: reading keeps one of them.
-DEDUP_KEYS = ("experiment", "config_hash", "sample_id", "turn", "method")
+DEDUP_KEYS = ("experiment", "config_hash", "sample_id", "turn", "method", "repeat")
 PROVENANCE_FIELDS = (
     "git_commit",
     "specbench_version",
@@ -83,6 +83,7 @@ def make_row(
     turn: int,
     output_text: str,
     extra: dict[str, Any] | None = None,
+    repeat: int = 0,
 ) -> dict[str, Any]:
     """One result row: run-level ``context`` + this generation's counts and timings.
 
@@ -116,6 +117,7 @@ def make_row(
         "dataset_version": str(context.get("dataset_version", "")),
         "sample_id": str(sample_id),
         "turn": int(turn),
+        "repeat": int(repeat),
         "temperature": float(context["temperature"]),
         "top_p": float(context["top_p"]),
         "top_k": int(context["top_k"] or 0),
@@ -128,12 +130,13 @@ def make_row(
         "prefill_s": float(record.prefill_s),
         "decode_s": float(record.decode_s),
         "wall_s": float(record.wall_s),
-        "mac_tp": metrics.mac_tp(step_tokens, step_times),
-        "mic_tp": metrics.mic_tp(step_tokens, step_times),
+        "mac_tp": metrics.mac_tp(step_tokens[1:], step_times[1:]),
+        "mic_tp": metrics.mic_tp(step_tokens[1:], step_times[1:]),
         "step_tokens": step_tokens,
         "step_times": step_times,
         "step_drafted": [int(n) for n in record.step_drafted],
         "accepted_per_step": [int(n) for n in record.accepted_per_step],
+        "step_depth": [int(n) for n in record.step_depth],
         "drafted_by_source": _counter_json(record.drafted_by_source),
         "accepted_by_source": _counter_json(record.accepted_by_source),
         "accepted_by_position": _counter_json(record.accepted_by_position),
@@ -181,13 +184,26 @@ def run_file_path(results_dir: str | os.PathLike, experiment: str, run_name: str
     return Path(results_dir) / _slug(experiment) / f"{run_name}.parquet"
 
 
-def key_hash(sample_id: str, turn: int, method: str) -> str:
-    """Short stable hash of a row key (sample_id, turn, method), used in row file names."""
-    return hashlib.sha1(json.dumps([str(sample_id), int(turn), str(method)]).encode()).hexdigest()[:16]
+def key_hash(sample_id: str, turn: int, method: str, repeat: int = 0) -> str:
+    """Short stable hash of a row key (sample_id, turn, method, repeat), used in row file names
+    (repeat 0 hashes as rows written before repeats existed, so those runs resume)."""
+    key = [str(sample_id), int(turn), str(method)] + ([int(repeat)] if repeat else [])
+    return hashlib.sha1(json.dumps(key).encode()).hexdigest()[:16]
 
 
-def row_key(row: dict[str, Any]) -> tuple[str, int, str]:
-    return (str(row["sample_id"]), int(row["turn"]), str(row["method"]))
+Key = tuple[str, int, str, int]
+
+
+def row_key(row: dict[str, Any]) -> Key:
+    """(sample_id, turn, method, repeat); rows written before repeats existed are repeat 0."""
+    repeat = row.get("repeat")
+    repeat = 0 if repeat is None or (isinstance(repeat, float) and repeat != repeat) else int(repeat)
+    return (str(row["sample_id"]), int(row["turn"]), str(row["method"]), repeat)
+
+
+def _key(key: tuple) -> Key:
+    """A key given as (sample_id, turn, method) is repeat 0."""
+    return (str(key[0]), int(key[1]), str(key[2]), int(key[3]) if len(key) > 3 else 0)
 
 
 def _to_table(rows: list[dict[str, Any]]) -> pa.Table:
@@ -234,7 +250,7 @@ class ResultWriter:
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.writer_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{secrets.token_hex(4)}"
-        self._rows: dict[tuple[str, int, str], dict[str, Any]] = {}
+        self._rows: dict[Key, dict[str, Any]] = {}
         self._seen: set[str] = set()
         self.found_from_others = 0  # rows other jobs recorded after this writer started
         files = sorted(self.dir.glob("*.parquet"))
@@ -271,12 +287,14 @@ class ResultWriter:
     def __len__(self) -> int:
         return len(self._rows)
 
-    def done_keys(self) -> set[tuple[str, int, str]]:
-        """(sample_id, turn, method) of every row recorded when this writer last looked."""
+    def done_keys(self) -> set[Key]:
+        """(sample_id, turn, method, repeat) of every row recorded when this writer last looked."""
         return set(self._rows)
 
-    def recorded(self, key: tuple[str, int, str]) -> dict[str, Any] | None:
-        """The row recorded for ``key``, looking for files other jobs wrote since this writer started."""
+    def recorded(self, key: tuple) -> dict[str, Any] | None:
+        """The row recorded for ``key`` (sample_id, turn, method[, repeat]: 0 if left out), looking for
+        files other jobs wrote since this writer started."""
+        key = _key(key)
         if key not in self._rows:
             for f in sorted(self.dir.glob(f"*__{key_hash(*key)}__*.parquet")):
                 self._load(f, strict=False)
@@ -360,6 +378,8 @@ def load_results(
     # one conversion for the whole set (a pandas frame per file costs more than reading the file)
     df = pa.concat_tables(tables, promote_options="permissive").to_pandas() if tables else pd.DataFrame()
     if not df.empty:
+        if "sample_id" in df.columns:  # rows written before repeats existed are repeat 0
+            df["repeat"] = df["repeat"].fillna(0).astype(int) if "repeat" in df.columns else 0
         keys = [k for k in DEDUP_KEYS if k in df.columns]
         if {"sample_id", "turn", "method"} <= set(keys):
             order = ["finished_at", "_file"] if "finished_at" in df.columns else ["_file"]

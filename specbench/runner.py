@@ -2,9 +2,12 @@
 
 Order of work, so that bad input fails before anything slow:
 validate settings → check the dataset is reachable → load the model → build
-and check every first-turn prompt → warm up (not recorded) → for each sample,
-run the method and the autoregressive baseline alternately, appending a row per
-sample × turn as soon as it exists (a re-run skips what is recorded).
+and check every first-turn prompt → warm up (not recorded) → for each repeat
+and sample, run the method and the autoregressive baseline, the one first on
+even samples and the other on odd ones (neither always runs on a warmer
+machine), appending a row per sample × turn × repeat as soon as it exists (a
+re-run skips what is recorded). Each repeat replicates the run: drafters and
+the ``budget=auto`` statistics start empty, sampling draws afresh.
 """
 
 from __future__ import annotations
@@ -44,9 +47,10 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _generator(seed: int, sample_id: str, turn: int) -> torch.Generator:
-    """A sampling RNG per generation, the same for the method and its baseline."""
-    return torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(f"{sample_id}/{turn}".encode()))
+def _generator(seed: int, sample_id: str, turn: int, repeat: int = 0) -> torch.Generator:
+    """A sampling RNG per generation, the same for the method and its baseline; each repeat draws anew."""
+    key = f"{sample_id}/{turn}" + (f"/{repeat}" if repeat else "")
+    return torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(key.encode()))
 
 
 def _hash_config(cfg: DictConfig) -> str:
@@ -175,9 +179,16 @@ def run(cfg: DictConfig) -> Any:
         for name, d in drafters.items()
     }
 
-    todo = [(s, m) for s in samples if s.sample_id in first_prompts for m in methods]
-    n_gen = sum(len(s.turns) for s, _ in todo)
-    n_done = sum(1 for s, m in todo for t in range(len(s.turns)) if (s.sample_id, t, m) in done)
+    repeats = int(cfg.get("repeats") or 1)
+    selected = [s for s in samples if s.sample_id in first_prompts]
+    n_gen = repeats * len(methods) * sum(len(s.turns) for s in selected)
+    n_done = sum(
+        (s.sample_id, t, m, r) in done
+        for r in range(repeats)
+        for s in selected
+        for m in methods
+        for t in range(len(s.turns))
+    )
     if n_done:
         print(f"resuming {folder}: {n_done} of {n_gen} generations already recorded", file=sys.stderr)
     if n_done < n_gen and cfg.warmup:
@@ -195,68 +206,73 @@ def run(cfg: DictConfig) -> Any:
                     budget=budgets.get(name),
                 )
 
-    for d in drafters.values():  # warm-up generations teach a drafter nothing that is recorded
-        d.reset()
-    budgets = new_budgets()  # nor the budget's acceptance statistics
-
     bar = tqdm(
         total=n_gen,
         initial=n_done,
-        desc=f"{method} on {ddef.name}",
+        desc=f"{method} on {ddef.name}" + (f" ×{repeats}" if repeats > 1 else ""),
         unit="gen",
         disable=not cfg.get("progress", True),
         file=sys.stderr,
     )
-    for sample, name in todo:
-        answers: list[str] = []
-        drafters[name].begin_sample()
-        for turn in range(len(sample.turns)):
-            key = (sample.sample_id, turn, name)
-            recorded = writer.recorded(key)  # also sees rows that concurrent jobs of this run wrote
-            if recorded is not None:
-                answers.append(recorded["output_text"])
-                if key not in done:
+    for repeat in range(repeats):
+        for d in drafters.values():  # warm-up generations and earlier repeats teach a drafter nothing recorded
+            d.reset()
+        budgets = new_budgets()  # nor the budget's acceptance statistics
+        for i, sample in enumerate(selected):
+            order = methods if (i + repeat) % 2 == 0 else methods[::-1]
+            for name in order:
+                drafters[name].begin_sample()
+                answers: list[str] = []
+                for turn in range(len(sample.turns)):
+                    key = (sample.sample_id, turn, name, repeat)
+                    recorded = writer.recorded(key)  # also sees rows that concurrent jobs of this run wrote
+                    if recorded is not None:
+                        answers.append(recorded["output_text"])
+                        if key not in done:
+                            bar.update(1)
+                        continue
+                    try:
+                        ids = (
+                            first_prompts[sample.sample_id]
+                            if turn == 0
+                            else ddef.build_prompt(tok, sample, turn, answers, cfg.dataset, chat)
+                        )
+                    except datasets_.SampleSkipped:
+                        break
+                    _check_length(ids, loaded.context_length, sample.sample_id)
+                    budget = min(max_new, loaded.context_length - len(ids))
+                    t0 = time.perf_counter()
+                    rec = generate(
+                        target,
+                        drafters[name],
+                        ids,
+                        max_new_tokens=budget,
+                        sampling=sampling,
+                        eos_token_ids=loaded.eos_token_ids,
+                        generator=_generator(cfg.seed, sample.sample_id, turn, repeat),
+                        budget=budgets.get(name),
+                    )
+                    text = tok.decode(rec.output_ids, skip_special_tokens=True)
+                    scores = ddef.score(sample, text, turn, cfg.dataset)
+                    category = sample.meta.get("category")
+                    row = make_row(
+                        rec,
+                        context={**context, "method": name, "preset": presets[name],
+                                 "method_params": params_json[name]},
+                        sample_id=sample.sample_id,
+                        turn=turn,
+                        repeat=repeat,
+                        output_text=text,
+                        extra={**scores, **budget_columns[name], **({"category": category} if category else {})},
+                    )
+                    earlier = writer.recorded(key)  # a concurrent job of this run may have finished it meanwhile
+                    if earlier is None:
+                        writer.append(row)
+                    else:  # keep the earlier row (reading would keep it anyway) and go on from its text
+                        text = earlier["output_text"]
+                    answers.append(text)
+                    bar.set_postfix(method=name, tok_s=f"{rec.new_tokens / max(time.perf_counter() - t0, 1e-9):.1f}")
                     bar.update(1)
-                continue
-            try:
-                ids = (
-                    first_prompts[sample.sample_id]
-                    if turn == 0
-                    else ddef.build_prompt(tok, sample, turn, answers, cfg.dataset, chat)
-                )
-            except datasets_.SampleSkipped:
-                break
-            _check_length(ids, loaded.context_length, sample.sample_id)
-            budget = min(max_new, loaded.context_length - len(ids))
-            t0 = time.perf_counter()
-            rec = generate(
-                target,
-                drafters[name],
-                ids,
-                max_new_tokens=budget,
-                sampling=sampling,
-                eos_token_ids=loaded.eos_token_ids,
-                generator=_generator(cfg.seed, sample.sample_id, turn),
-                budget=budgets.get(name),
-            )
-            text = tok.decode(rec.output_ids, skip_special_tokens=True)
-            scores = ddef.score(sample, text, turn, cfg.dataset)
-            row = make_row(
-                rec,
-                context={**context, "method": name, "preset": presets[name], "method_params": params_json[name]},
-                sample_id=sample.sample_id,
-                turn=turn,
-                output_text=text,
-                extra={**scores, **budget_columns[name]},
-            )
-            earlier = writer.recorded(key)  # a concurrent job of this run may have finished it meanwhile
-            if earlier is None:
-                writer.append(row)
-            else:  # keep the earlier row (reading would keep it anyway) and go on from its text
-                text = earlier["output_text"]
-            answers.append(text)
-            bar.set_postfix(method=name, tok_s=f"{rec.new_tokens / max(time.perf_counter() - t0, 1e-9):.1f}")
-            bar.update(1)
     bar.close()
     if writer.found_from_others:
         print(

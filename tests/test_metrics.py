@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -46,6 +47,7 @@ def row(
         "step_times": step_times,
         "wall_s": sum(step_times),
         "accepted_per_step": [n - 1 for n in step_tokens[1:]],
+        "step_drafted": [0] + [3] * (len(step_tokens) - 1),
         "draft_overhead_s": overhead,
         "lookup_s": overhead / 5,
         "output_ids": output_ids,
@@ -128,13 +130,18 @@ def test_summarize_method(df):
     assert pld["n_samples"] == 3
     assert pld["tau"] == pytest.approx(15 / 8)
     assert pld["mean_accepted"] == pytest.approx(7 / 5)  # (2+1+0+3+1) / 5 decode steps
-    # per-step rates 2, 12, 8, 2, 2, 4, 2, 4 -> mean 4.5; pooled 15 tokens / 4 s
-    assert pld["mac_tp"] == pytest.approx(4.5)
-    assert pld["mic_tp"] == pytest.approx(3.75)
+    assert pld["acceptance_length"] == pytest.approx(1 + 7 / 5)
+    assert pld["acceptance_rate"] == pytest.approx(7 / 15)  # 3 guesses drafted per decode step
+    # decode steps only (the prefill left out): rates 12, 8, 2, 4, 4 -> mean 6; pooled 12 tokens / 2.5 s
+    assert pld["mac_tp"] == pytest.approx(6.0)
+    assert pld["mic_tp"] == pytest.approx(4.8)
     assert pld["wall_s"] == pytest.approx(4.0)
-    # only a and b have a baseline partner: (2 + 4) / (1 + 2); with d it would be 1.5
+    # only a and b have a baseline partner: (12 / 3) / (12 / 6); with d it would differ
     assert pld["n_paired"] == 2
     assert pld["speedup"] == pytest.approx(2.0)
+    assert pld["speedup_wall"] == pytest.approx(2.0)  # equal lengths: the time ratio is the same figure
+    assert pld["n_prompts"] == 3 and pld["n_repeats"] == 1 and math.isnan(pld["speedup_std"])
+    assert pld["speedup_lo"] <= pld["speedup"] <= pld["speedup_hi"]
     assert pld["greedy_match"] == pytest.approx(0.5)  # b differs in one token
     assert pld["overhead_ms_per_step"] == pytest.approx(7.0)  # 35 ms / 5 decode steps
     assert pld["lookup_ms_per_step"] == pytest.approx(1.4)  # a fifth of it in lookups
@@ -160,7 +167,7 @@ def test_speedup_needs_same_device_and_sampling_gives_no_greedy_match(df):
     hot = df.copy()
     hot["temperature"] = 0.7
     s = metrics.summarize(hot).set_index("method")
-    assert s.loc["pld", "speedup"] == pytest.approx(2.0)
+    assert s.loc["pld", "speedup"] == pytest.approx(2.0)  # equal lengths: the token rates' ratio
     assert math.isnan(s.loc["pld", "greedy_match"])
 
 
@@ -184,7 +191,74 @@ def test_acceptance_by_source(df):
 def test_acceptance_by_position(df):
     t = metrics.acceptance_by_position(df).set_index(["method", "position"])
     assert list(t.loc["pld"]["accepted"]) == [4, 2, 1]
+    # rows without step_depth: every decode step counts as having drafted each depth
     assert list(t.loc["pld"]["rate"]) == pytest.approx([0.8, 0.4, 0.2])  # over 5 decode steps
+
+
+def test_acceptance_by_position_over_steps_that_drafted_that_deep():
+    """vLLM's per-position rate: steps that kept ≥ d guesses / steps whose draft reached depth d."""
+    r = row("pld", "a", [1, 3, 1, 2, 1], [0.1] * 5, list(range(8)), step_depth=[0, 4, 1, 2, 0])
+    t = metrics.acceptance_by_position(pd.DataFrame([r])).set_index("position")
+    # accepted per decode step 2, 0, 1, 0; depths 4, 1, 2, 0
+    assert list(t["accepted"]) == [2, 1]
+    assert list(t["drafted"]) == [3, 2]
+    assert list(t["rate"]) == pytest.approx([2 / 3, 1 / 2])
+    assert list(t["of_steps"]) == pytest.approx([2 / 4, 1 / 4])
+    s = metrics.summarize(pd.DataFrame([r])).iloc[0]
+    assert s["acceptance_length"] == pytest.approx(1 + 3 / 4)  # Spec-Bench / vLLM: prefill not a step
+    assert s["tau"] == pytest.approx(8 / 5)  # SPECTRA / Lookahead: prefill a step
+
+
+def test_speedup_is_a_token_rate_ratio_when_outputs_differ():
+    """At T > 0 the two texts differ in length: a method sample that stops at 200 tokens against a
+    baseline sample of 900 at the same token rate is no speedup, though its wall time is 4.5× shorter."""
+    rows = [
+        row("pld", "a", [1] * 200, [0.01] * 200, [3] * 200, temperature=1.0),
+        row("autoregressive", "a", [1] * 900, [0.01] * 900, [4] * 900, temperature=1.0),
+        row("pld", "b", [2] * 100, [0.01] * 100, [3] * 200, temperature=1.0),
+        row("autoregressive", "b", [1] * 300, [0.01] * 300, [4] * 300, temperature=1.0),
+    ]
+    df = pd.DataFrame(rows)
+    s = metrics.summarize(df).set_index("method").loc["pld"]
+    rate = (df[df.method == "pld"].new_tokens.sum() / df[df.method == "pld"].wall_s.sum()) / (
+        df[df.method == "autoregressive"].new_tokens.sum() / df[df.method == "autoregressive"].wall_s.sum()
+    )
+    assert s["speedup"] == pytest.approx(rate) == pytest.approx((400 / 3.0) / (1200 / 12.0))
+    assert s["speedup_wall"] == pytest.approx(12.0 / 3.0)  # the old figure, inflated by length
+    assert math.isnan(s["greedy_match"])
+
+
+def test_repeats_pair_by_repeat_and_give_a_spread():
+    rows = []
+    for rep, (m_wall, b_wall) in enumerate([(1.0, 2.0), (1.0, 3.0), (1.0, 2.5)]):
+        for sid in ("a", "b"):
+            rows.append(row("pld", sid, [2, 2], [m_wall / 2] * 2, [1, 2, 3, 4], repeat=rep))
+            rows.append(row("autoregressive", sid, [1] * 4, [b_wall / 4] * 4, [1, 2, 3, 4], repeat=rep))
+    s = metrics.summarize(pd.DataFrame(rows)).set_index("method").loc["pld"]
+    assert s["n_paired"] == 6 and s["n_repeats"] == 3 and s["n_prompts"] == 2
+    assert s["speedup"] == pytest.approx(7.5 / 3.0)
+    assert s["speedup_std"] == pytest.approx(float(np.std([2.0, 3.0, 2.5], ddof=1)))
+    # both prompts have the same ratio in every repeat: the bootstrap over prompts has no width
+    assert s["speedup_lo"] == pytest.approx(2.5) and s["speedup_hi"] == pytest.approx(2.5)
+    assert s["verdict"] == "faster"
+    assert "2.50× ±0.50 [2.50, 2.50]" in metrics.format_table(metrics.summarize(pd.DataFrame(rows)))
+
+
+def test_bootstrap_interval_over_prompts_and_its_verdict():
+    m = np.array([1.0, 2.0, 0.8, 1.5, 0.9])  # per-prompt method seconds for 10 tokens each
+    parts = {"m_tokens": [10] * 5, "m_seconds": m, "b_tokens": [10] * 5, "b_seconds": [1.2] * 5}
+    lo, hi = metrics.bootstrap_interval(parts, metrics.speedup_ratio)
+    point = metrics.speedup_ratio(50, m.sum(), 50, 6.0)
+    assert lo < point < hi and lo < 1 < hi
+    assert (lo, hi) == metrics.bootstrap_interval(parts, metrics.speedup_ratio)  # seeded
+    assert metrics.verdict(lo, hi) == metrics.NO_CHANGE
+    assert metrics.verdict(1.1, 1.3) == "faster" and metrics.verdict(0.7, 0.9) == "slower"
+    one = {k: v[:1] for k, v in parts.items()}
+    assert all(math.isnan(x) for x in metrics.bootstrap_interval(one, metrics.speedup_ratio))
+    # a wider spread between prompts gives a wider interval
+    wide = {**parts, "m_seconds": np.array([0.3, 3.0, 0.5, 2.5, 0.7])}
+    wlo, whi = metrics.bootstrap_interval(wide, metrics.speedup_ratio)
+    assert whi - wlo > hi - lo
 
 
 def test_format_table(df):

@@ -42,10 +42,11 @@ def record() -> GenerationRecord:
         step_times=[0.4, 0.2, 0.1],
         step_drafted=[0, 4, 3],
         step_aux=[0, 2, 2],
+        step_accepted=[0, 2, 1],
+        step_depth=[0, 3, 2],
         step_draft_s=[0.0, 0.01, 0.02],
         drafted_by_source=Counter({"prompt": 5, "ngram": 2}),
         accepted_by_source=Counter({"prompt": 3}),
-        accepted_by_position=Counter({1: 2, 2: 1}),
         prefill_s=0.4,
         decode_s=0.35,
         finish_reason="eos",
@@ -80,8 +81,9 @@ def test_make_row_fields(context):
     )
     assert (r["new_tokens"], r["steps"], r["prompt_tokens"]) == (6, 3, 12)
     assert r["tau"] == pytest.approx(2.0)
-    assert r["mac_tp"] == pytest.approx((1 / 0.4 + 3 / 0.2 + 2 / 0.1) / 3)
-    assert r["mic_tp"] == pytest.approx(6 / 0.7)
+    assert r["mac_tp"] == pytest.approx((3 / 0.2 + 2 / 0.1) / 2)  # decode steps: the prefill left out
+    assert r["mic_tp"] == pytest.approx(5 / 0.3)
+    assert r["repeat"] == 0 and r["step_depth"] == [0, 3, 2]
     assert r["wall_s"] == pytest.approx(0.75)
     assert r["accepted_per_step"] == [2, 1]
     assert r["draft_overhead_s"] == pytest.approx(0.03)
@@ -128,12 +130,39 @@ def test_resume(tmp_path, context):
     for i in range(3):
         w.append(make_row(record(), context=context, sample_id=f"q{i}", turn=0, output_text=""))
     w2 = ResultWriter(path)
-    assert w2.done_keys() == {(f"q{i}", 0, "pld") for i in range(3)}
+    assert w2.done_keys() == {(f"q{i}", 0, "pld", 0) for i in range(3)}
     with pytest.raises(ValueError):
         w2.append(make_row(record(), context=context, sample_id="q1", turn=0, output_text=""))
     w2.append(make_row(record(), context=context, sample_id="q1", turn=1, output_text=""))
     assert len(ResultWriter(path)) == 4
     assert len(load_results([path])) == 4
+
+
+def test_repeats_are_rows_of_their_own_and_resume_per_repeat(tmp_path, context):
+    path = tmp_path / "exp" / "job"
+    w = ResultWriter(path)
+    w.append(make_row(record(), context=context, sample_id="q0", turn=0, output_text="r0"))
+    w.append(make_row(record(), context=context, sample_id="q0", turn=0, output_text="r1", repeat=1))
+    with pytest.raises(ValueError, match="already recorded"):
+        w.append(make_row(record(), context=context, sample_id="q0", turn=0, output_text="again", repeat=1))
+    w2 = ResultWriter(path)
+    assert w2.done_keys() == {("q0", 0, "pld", 0), ("q0", 0, "pld", 1)}
+    assert w2.recorded(("q0", 0, "pld"))["output_text"] == "r0"  # a key without a repeat is repeat 0
+    assert w2.recorded(("q0", 0, "pld", 2)) is None
+    df = load_results(tmp_path)
+    assert sorted(df["repeat"]) == [0, 1] and sorted(df["output_text"]) == ["r0", "r1"]
+    # repeat 0 keeps the file name of rows written before repeats existed
+    assert key_hash("q0", 0, "pld", 0) == key_hash("q0", 0, "pld") != key_hash("q0", 0, "pld", 1)
+
+
+def test_rows_without_a_repeat_column_read_as_repeat_0(tmp_path, context):
+    row = make_row(record(), context=context, sample_id="q0", turn=0, output_text="old")
+    del row["repeat"]
+    folder = tmp_path / "exp" / "job"
+    folder.mkdir(parents=True)
+    pq.write_table(_to_table([row]), folder / f"pld__{key_hash('q0', 0, 'pld')}__old.parquet")
+    assert ResultWriter(folder).done_keys() == {("q0", 0, "pld", 0)}
+    assert list(load_results(tmp_path)["repeat"]) == [0]
 
 
 def test_leftover_tmp_is_ignored_and_left_alone(tmp_path, context):
@@ -143,7 +172,7 @@ def test_leftover_tmp_is_ignored_and_left_alone(tmp_path, context):
     tmp.write_bytes(b"PAR1 half a file")
     w = ResultWriter(path)
     assert tmp.exists()  # never deleted: it may belong to a job that is still running
-    assert w.done_keys() == {("q0", 0, "pld")}
+    assert w.done_keys() == {("q0", 0, "pld", 0)}
     assert len(load_results(tmp_path)) == 1  # the .tmp is never picked up
 
 
@@ -153,7 +182,7 @@ def test_a_legacy_single_file_run_is_read_and_resumed(tmp_path, context):
     legacy.parent.mkdir(parents=True)
     pq.write_table(_to_table([make_row(record(), context=context, sample_id="q0", turn=0, output_text="")]), legacy)
     w = ResultWriter(run_dir_path(tmp_path, "exp", "job"), legacy_file=legacy)
-    assert w.done_keys() == {("q0", 0, "pld")}
+    assert w.done_keys() == {("q0", 0, "pld", 0)}
     with pytest.raises(ValueError, match="already recorded"):
         w.append(make_row(record(), context=context, sample_id="q0", turn=0, output_text=""))
     w.append(make_row(record(), context=context, sample_id="q1", turn=0, output_text=""))

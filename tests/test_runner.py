@@ -202,3 +202,39 @@ def test_runner_forgets_the_warm_up_and_announces_each_sample(tmp_path):
     per_sample = log[2:].split("S")  # then each sample announced before its turns
     assert per_sample[0] == "" and sorted(len(x) for x in per_sample[1:]) == sorted(turns)
     assert set("".join(per_sample)) == {"s"}
+
+
+def test_repeats_alternate_the_order_resume_per_repeat_and_give_intervals(tmp_path, capsys):
+    """repeats=N measures every (sample, turn, method) N times; a sampled run's speedup is the ratio of
+    token rates computed from its rows; a larger repeats resumes the same run."""
+    args = ("method=autoregressive", "method.name=test_copy_last", "limit=3", "temperature=1")
+    summary = run(cfg_for(tmp_path, *args, "repeats=2"))
+    df = load_results(tmp_path)
+    per_key = df.groupby(["sample_id", "turn", "method"])["repeat"].apply(sorted)
+    assert (per_key.apply(list) == pd.Series([[0, 1]] * len(per_key), index=per_key.index)).all()
+    # the method runs first on even samples, the baseline first on odd ones, swapping each repeat
+    first = df[df.turn == 0].sort_values("finished_at").groupby(["repeat", "sample_id"], sort=False)["method"].first()
+    samples = list(dict.fromkeys(df.sort_values("finished_at").sample_id))  # in the order they ran
+    for r in (0, 1):
+        order = [first.loc[(r, s)] for s in samples]
+        assert order[0] != order[1] and order[(1 - r) % 2] == "autoregressive"
+    m, b = df[df.method == "test_copy_last"], df[df.method == "autoregressive"]
+    rate = (m.new_tokens.sum() / m.wall_s.sum()) / (b.new_tokens.sum() / b.wall_s.sum())
+    row = summary.set_index("method").loc["test_copy_last"]
+    assert row.speedup == pytest.approx(rate)
+    assert row.n_repeats == 2 and row.speedup_lo <= row.speedup <= row.speedup_hi and row.speedup_std >= 0
+    assert row.tau_lo <= row.tau <= row.tau_hi
+    out = capsys.readouterr().out
+    assert f"{row.speedup:.2f}× ±" in out and "vs AR" in out
+    # sampling draws afresh in each repeat (the method and its baseline share each draw)
+    keys = ["sample_id", "turn", "method"]
+    draws = df[df.repeat == 0].merge(df[df.repeat == 1], on=keys, suffixes=("_0", "_1"))
+    assert len(draws) == len(df) // 2 and (draws.output_sha1_0 != draws.output_sha1_1).any()
+
+    run(cfg_for(tmp_path, *args, "repeats=3"))
+    more = load_results(tmp_path)
+    assert len({p.parent for p in Path(tmp_path).rglob("*.parquet")}) == 1
+    assert sorted(more.repeat.unique()) == [0, 1, 2] and len(more) == 3 * len(df) // 2
+    kept = more.merge(df[["sample_id", "turn", "method", "repeat", "run_id"]],
+                      on=["sample_id", "turn", "method", "repeat"], suffixes=("", "_first"))
+    assert len(kept) == len(df) and (kept.run_id == kept.run_id_first).all()  # not recomputed
