@@ -3,8 +3,12 @@
 For each dtype and dataset, every prompt is decoded by the autoregressive
 baseline and by each method preset (``conf/method/<preset>.yaml``), in an order
 that rotates from prompt to prompt, after one un-recorded warm-up per method.
-Reported per method: τ, speedup (Σ baseline time / Σ method time on the same
-prompts), the speedup modelled by the cost curve that ``auto`` plans with
+Reported per method: τ, speedup (the method's tokens per second over the
+baseline's on the same prompts and repeats, ± its standard deviation over
+repeats, [its 95% paired bootstrap interval over prompts]), the plain time
+ratio (Σ baseline time / Σ method time: the same figure when the outputs have
+equal lengths, inflated or deflated by length when sampling makes them
+differ), the speedup modelled by the cost curve that ``auto`` plans with
 (model: each decode step costs t(root + guesses + aux nodes, context); shown
 when a preset runs ``budget=auto``), Mac-TP, Mic-TP, tokens per decode
 forward (q/fwd: the root, the guesses and the auxiliary nodes), the share of steps that sent auxiliary nodes
@@ -33,6 +37,7 @@ refine --select random``), so that refinement is compared at a matched store siz
 step and each store's size and build time are printed too.
 
     python bench/compare.py --data gsm8k=/path/gsm8k_test.jsonl
+    python bench/compare.py --temperature 1 --repeats 3 --prompts 5 --methods pld spectra_core-cpu
     python bench/compare.py --dtypes bfloat16 --datasets mtbench --prompts 2 --max-new-tokens 64
     python bench/compare.py --dtypes float32 --plan-dtype bfloat16 --methods spectra_core-cpu spectra_core-cpu:fixed
     python bench/compare.py --methods pld spectra_core-cpu rest-cpu spectra_retrieval-cpu \
@@ -45,6 +50,10 @@ import argparse
 import time
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
+import torch
+
 from baseline import hf_generate  # bench/ is on sys.path when a script here runs
 from omegaconf import OmegaConf
 from prompts import dataset_prompts  # bench/ is on sys.path when a script here runs
@@ -54,10 +63,11 @@ from specbench.config import CONF_DIR, ConfigError, load_preset
 from specbench.costs import CostModel, load_or_measure
 from specbench.datastore import RANDOM_SUFFIX, Datastore
 from specbench.decode import generate
-from specbench.metrics import mac_tp, mic_tp
+from specbench.metrics import bootstrap_interval, format_interval, mac_tp, mic_tp, speedup_ratio
 from specbench.models import load_model
 from specbench.provenance import environment_info
 from specbench.registry import build_method_config, get_method
+from specbench.sampling import SamplingParams
 from specbench.verify import Target
 
 DEFAULT_METHODS = ["pld", "anpd", "lookahead-cpu", "lookahead", "spectra_core-cpu", "spectra_core"]
@@ -105,8 +115,11 @@ class Tally:
         self.step_tokens: list[int] = []
         self.step_times: list[float] = []
         self.modelled_s = 0.0  # decode time under the planning cost curve: Σ t(1 + guesses + aux, context)
+        self.runs: list[tuple[int, int, int, float]] = []  # (prompt, repeat, tokens, seconds) of each generation
 
-    def add(self, rec, seconds: float, same: bool, cost: CostModel | None = None) -> None:
+    def add(self, rec, seconds: float, same: bool, cost: CostModel | None = None, prompt: int = 0,
+            repeat: int = 0) -> None:
+        self.runs.append((prompt, repeat, rec.new_tokens, seconds))
         if cost is not None:
             context = rec.prompt_len + rec.step_tokens[0]
             for q, a, k in zip(rec.step_drafted[1:], rec.step_aux[1:], rec.step_tokens[1:], strict=True):
@@ -122,13 +135,46 @@ class Tally:
         self.forward_tokens += sum(1 + d + a for d, a in zip(rec.step_drafted[1:], rec.step_aux[1:], strict=True))
         self.aux_steps += sum(a > 0 for a in rec.step_aux[1:])
         self.aux_nodes += sum(rec.step_aux[1:])
-        self.step_tokens += rec.step_tokens
-        self.step_times += rec.step_times
+        self.step_tokens += rec.step_tokens[1:]  # decode steps: Mac-TP and Mic-TP leave the prefill out
+        self.step_times += rec.step_times[1:]
+
+    def add_tokens(self, out: list[int], seconds: float, same: bool, prompt: int, repeat: int) -> None:
+        """A generation known only by its tokens and time (transformers' generate)."""
+        self.runs.append((prompt, repeat, len(out), seconds))
+        self.n += 1
+        self.match += same
+        self.tokens += len(out)
+        self.seconds += seconds
 
 
-def bench(loaded, prompts, presets: list[str], max_new: int, run_cfg=None, store=None, cost=None) -> dict[str, Tally]:
+def speedups(t: Tally, base: Tally) -> dict[str, float]:
+    """The method's token rate over the baseline's on the same prompts and repeats (metrics.speedup_ratio),
+    its 95% paired bootstrap interval over prompts, its spread over repeats, and the plain time ratio
+    (Σ baseline seconds / Σ method seconds: right only when both outputs have the same length)."""
+    def frame(tally: Tally) -> pd.DataFrame:
+        return pd.DataFrame(tally.runs, columns=["prompt", "repeat", "tokens", "seconds"])
+
+    paired = frame(t).merge(frame(base), on=["prompt", "repeat"], suffixes=("_m", "_b"))
+    cols = ["tokens_m", "seconds_m", "tokens_b", "seconds_b"]
+    per_prompt = paired.groupby("prompt")[cols].sum()
+    per_repeat = paired.groupby("repeat")[cols].sum()
+    lo, hi = bootstrap_interval(dict(zip(("m_tokens", "m_seconds", "b_tokens", "b_seconds"),
+                                         (per_prompt[c] for c in cols), strict=True)), speedup_ratio)
+    ratios = speedup_ratio(*(per_repeat[c] for c in cols))
+    return {
+        "speedup": float(speedup_ratio(*(paired[c].sum() for c in cols))),
+        "lo": lo,
+        "hi": hi,
+        "std": float(np.std(ratios, ddof=1)) if len(ratios) > 1 else float("nan"),
+        "time_ratio": float(paired["seconds_b"].sum() / paired["seconds_m"].sum()),
+    }
+
+
+def bench(loaded, prompts, presets: list[str], max_new: int, run_cfg=None, store=None, cost=None,
+          sampling: SamplingParams | None = None, repeats: int = 1) -> dict[str, Tally]:
     target = Target(loaded.model)
     eos = loaded.eos_token_ids
+    sampling = sampling or SamplingParams()
     drafters = {"autoregressive": get_method("autoregressive")(None, vocab_size=loaded.vocab_size)}
     budgets = {}  # <preset>:auto: trimmed under the measured cost curve, statistics kept across prompts
     for name in presets:
@@ -141,44 +187,46 @@ def bench(loaded, prompts, presets: list[str], max_new: int, run_cfg=None, store
         if getattr(cfg, "_store_path", None):
             print(f"  {name} reads {store_facts(cfg._store_path)}")
 
-    def once(name, ids, n):
+    def once(name, ids, n, seed):
+        generator = torch.Generator().manual_seed(seed)  # the same draws for every method on one prompt
         if name == "hf_pld":
             start = time.perf_counter()
             out = hf_generate(loaded, ids, n, prompt_lookup_num_tokens=10)
             return out, None, time.perf_counter() - start
         start = time.perf_counter()
-        rec = generate(target, drafters[name], ids, max_new_tokens=n, eos_token_ids=eos, budget=budgets.get(name))
+        rec = generate(target, drafters[name], ids, max_new_tokens=n, eos_token_ids=eos, budget=budgets.get(name),
+                       sampling=sampling, generator=generator)
         return rec.output_ids, rec, time.perf_counter() - start
 
-    names = list(drafters) + ["hf_pld"]
+    # transformers' prompt lookup decodes greedily only
+    names = list(drafters) + (["hf_pld"] if sampling.greedy else [])
     for name in names:  # warm-up, not recorded
-        once(name, prompts[0], 16)
-    for drafter in drafters.values():  # as a run does: the warm-up teaches run-long memory nothing
-        drafter.reset()
-    for name, b in budgets.items():
-        budgets[name] = AutoBudget(cost, aux_feeds=b.aux_feeds)
+        once(name, prompts[0], 16, 0)
     tallies = {name: Tally() for name in names}
-    for i, ids in enumerate(prompts):
-        order = names[i % len(names) :] + names[: i % len(names)]
-        outs = {}
-        for name in order:
-            if name in drafters:
-                drafters[name].begin_sample()
-            outs[name] = once(name, ids, max_new)
-        ref = outs["autoregressive"][0]
-        for name, (out, rec, seconds) in outs.items():
-            if rec is None:  # hf_pld: only tokens and time
-                t = tallies[name]
-                t.n += 1
-                t.match += out == ref
-                t.tokens += len(out)
-                t.seconds += seconds
-            else:
-                tallies[name].add(rec, seconds, out == ref, cost)
+    for rep in range(repeats):  # each repeat replicates the run: drafters and budgets start empty
+        for drafter in drafters.values():  # as a run does: the warm-up teaches run-long memory nothing
+            drafter.reset()
+        for name, b in budgets.items():
+            budgets[name] = AutoBudget(cost, aux_feeds=b.aux_feeds)
+        for i, ids in enumerate(prompts):
+            shift = (i + rep) % len(names)
+            order = names[shift:] + names[:shift]
+            outs = {}
+            for name in order:
+                if name in drafters:
+                    drafters[name].begin_sample()
+                outs[name] = once(name, ids, max_new, 1_000_003 * rep + i)
+            ref = outs["autoregressive"][0]
+            for name, (out, rec, seconds) in outs.items():
+                same = sampling.greedy and out == ref
+                if rec is None:  # hf_pld: only tokens and time
+                    tallies[name].add_tokens(out, seconds, same, i, rep)
+                else:
+                    tallies[name].add(rec, seconds, same, cost, i, rep)
     return tallies
 
 
-def report(dtype: str, dataset: str, tallies: dict[str, Tally]) -> None:
+def report(dtype: str, dataset: str, tallies: dict[str, Tally], greedy: bool = True) -> None:
     base = tallies["autoregressive"]
     for name, t in tallies.items():
         tau = f"{t.tokens / t.steps:5.2f}" if t.steps else "    -"
@@ -192,12 +240,14 @@ def report(dtype: str, dataset: str, tallies: dict[str, Tally]) -> None:
         width = f"{t.forward_tokens / decode_steps:5.1f}" if decode_steps > 0 and t.steps else "    -"
         aux = (f"{100 * t.aux_steps / decode_steps:3.0f}%:{t.aux_nodes / t.aux_steps:<4.0f}"
                if t.aux_steps else "       -")  # steps that sent aux nodes : nodes they sent
-        speedup = (base.seconds / base.tokens) / (t.seconds / t.tokens)  # per-token time ratio
+        sp = speedups(t, base)
+        speedup = format_interval(sp["speedup"], sp["lo"], sp["hi"], sp["std"], suffix="x")
         modelled = (f"{(base.modelled_s / (base.tokens - base.n)) / (t.modelled_s / (t.tokens - t.n)):5.2f}x"
                     if t.modelled_s and base.modelled_s else "     -")  # decode steps only, as planned
+        same = f"{t.match}/{t.n}" if greedy else "-"
         print(
-            f"{dtype:9} {dataset:10} {name:30} {tau} {speedup:6.2f}x {modelled} {mac} {mic} {width} {aux} {overhead}"
-            f" {lookup}  {t.match}/{t.n}"
+            f"{dtype:9} {dataset:10} {name:30} {tau} {speedup:30} {sp['time_ratio']:5.2f}x {modelled} {mac} {mic}"
+            f" {width} {aux} {overhead} {lookup}  {same}"
         )
 
 
@@ -210,6 +260,10 @@ def main() -> None:
     ap.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, help="method presets from conf/method/")
     ap.add_argument("--prompts", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0 samples (seeded per prompt "
+                    "and repeat, the same draws for every method)")
+    ap.add_argument("--repeats", type=int, default=1, help="measure every prompt this many times (each repeat "
+                    "replicates the run); speedups then show ±their spread over repeats")
     ap.add_argument("--stores", nargs="*", default=[], help="DATASET=STORE: the store retrieval presets read")
     ap.add_argument("--flat-cost", action="store_true",
                     help="<preset>:auto plans with a flat (GPU-like) cost curve instead of this machine's")
@@ -222,14 +276,19 @@ def main() -> None:
     paths = dict(item.split("=", 1) for item in args.data)
     hardware_cfg = OmegaConf.load(CONF_DIR / "hardware" / "cpu.yaml")
     model_cfg = OmegaConf.load(CONF_DIR / "model" / f"{args.model}.yaml")
+    sampling = SamplingParams(temperature=args.temperature)
     print(
         f"machine: {environment_info('cpu')['device_name']}; model {args.model}; "
-        f"{args.prompts} prompts per dataset, up to {args.max_new_tokens} new tokens, greedy"
+        f"{args.prompts} prompts per dataset, up to {args.max_new_tokens} new tokens, "
+        + (f"temperature {args.temperature:g}" if args.temperature else "greedy")
+        + (f", {args.repeats} repeats" if args.repeats > 1 else "")
     )
-    print("speedup = autoregressive time per token / method time per token, same prompts, same process")
+    print("speedup = method tokens/s ÷ autoregressive tokens/s on the same prompts and repeats, same process; "
+          "±: std over repeats; [lo, hi]: 95% paired bootstrap interval over prompts; "
+          "time: Σ autoregressive s / Σ method s (the same figure only when outputs have equal lengths)")
     print(
-        f"{'dtype':9} {'dataset':10} {'method':30} {'τ':>5} {'speedup':>7} {'model':>6} {'Mac-TP':>7} {'Mic-TP':>7} "
-        f"{'q/fwd':>5} {'aux':>8} {'ms/stp':>6} {'lookup':>6}  same as AR"
+        f"{'dtype':9} {'dataset':10} {'method':30} {'τ':>5} {'speedup':30} {'time':>6} {'model':>6} {'Mac-TP':>7} "
+        f"{'Mic-TP':>7} {'q/fwd':>5} {'aux':>8} {'ms/stp':>6} {'lookup':>6}  same as AR"
     )
     for dtype in args.dtypes:
         loaded = load_model(OmegaConf.merge(model_cfg, {"dtype": dtype}), hardware_cfg)
@@ -254,11 +313,12 @@ def main() -> None:
                 {"model": model_cfg, "dataset": ds_cfg, "limit": args.prompts, "offset": 0, "seed": 0}
             )
             try:
-                tallies = bench(loaded, prompts, args.methods, args.max_new_tokens, run_cfg, stores.get(name), cost)
+                tallies = bench(loaded, prompts, args.methods, args.max_new_tokens, run_cfg, stores.get(name), cost,
+                                sampling, args.repeats)
             except ConfigError as err:  # a store that is missing or overlaps these prompts
                 print(f"(skipping {name}: {err})")
                 continue
-            report(dtype, name, tallies)
+            report(dtype, name, tallies, sampling.greedy)
 
 
 if __name__ == "__main__":

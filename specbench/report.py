@@ -103,6 +103,11 @@ ACROSS_MACHINES = (
     "them only with runs on the same hardware (the paper: one A100-80GB in fp16 unless the table says "
     "otherwise); their ratio to the paper says how our machine differs, not whether the method reproduces."
 )
+INTERVAL_NOTE = (
+    "[lo, hi] after our figure: its 95% paired bootstrap interval over prompts (speedup: the ratio of token "
+    "rates, method over autoregressive, recomputed on resampled prompts); a speedup whose interval contains "
+    "1.00 is no measurable change."
+)
 CELL_LEGEND = "Each cell: ours / paper (ours ÷ paper); — = no data (never 0)."
 
 
@@ -156,11 +161,13 @@ def fmt(v: Any, digits: int = 2) -> str:
     return MISSING if _missing(v) else f"{float(v):.{digits}f}"
 
 
-def cell(ours: Any, paper: Any, digits: int = 2, mark: str = "") -> str:
-    """``ours / paper (ratio)``; a missing side is ``—``; both missing is ``—``."""
+def cell(ours: Any, paper: Any, digits: int = 2, mark: str = "", lo: Any = None, hi: Any = None) -> str:
+    """``ours [lo, hi] / paper (ratio)``; ``[lo, hi]``: our interval, when there is one; a missing side is
+    ``—``; both missing is ``—``."""
     if _missing(ours) and _missing(paper):
         return MISSING
-    text = f"{fmt(ours, digits)} / {fmt(paper, digits)}{mark}"
+    interval = "" if _missing(ours) or _missing(lo) or _missing(hi) else f" [{fmt(lo, digits)}, {fmt(hi, digits)}]"
+    text = f"{fmt(ours, digits)}{interval} / {fmt(paper, digits)}{mark}"
     r = ratio(ours, paper)
     return text if math.isnan(r) else f"{text} ({r:.2f})"
 
@@ -317,18 +324,24 @@ def table1(df: pd.DataFrame, paper: dict, compare: dict[str, str] | None = None)
                         ours = float(np.mean(vals)) if all(not _missing(v) for v in vals) else math.nan
                     else:
                         ours = float(by_ds[metric][ds]) if ds in by_ds.index else math.nan
+                    lo, hi = (
+                        (by_ds[f"{metric}_lo"][ds], by_ds[f"{metric}_hi"][ds])
+                        if ds in by_ds.index and f"{metric}_lo" in by_ds
+                        else (math.nan, math.nan)
+                    )
                     pv = p[metric] if p is not None else math.nan
                     suspect = p is not None and int(p.get("suspect", 0) or 0) == 1
                     records.append(
                         dict(temperature=temp, model=model, paper_model=code, preset=preset, method=method,
-                             dataset=ds, metric=metric, ours=ours, paper=pv, suspect=suspect)
+                             dataset=ds, metric=metric, ours=ours, paper=pv, suspect=suspect, lo=lo, hi=hi)
                     )
-                    line.append(cell(ours, pv, mark="†" if suspect else ""))
+                    line.append(cell(ours, pv, mark="†" if suspect else "", lo=lo, hi=hi))
             rows.append(line)
         header = ["model", "preset"] + [f"{d} {m}" for d in datasets for m in ("speedup", "τ")]
         sections.append((f"temperature {temp:g}", header, rows))
     notes = _notes(df, [
         "avg: the mean over the five datasets (ours only when all five have rows).",
+        INTERVAL_NOTE,
         "† the paper's sampling rows for CL-13B and CL-7B repeat its greedy L3 rows value for value: unreliable.",
     ])
     return Table("table1", "Table 1: speedup and compression ratio τ", sections, notes, _long(records))
