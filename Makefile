@@ -90,9 +90,10 @@ BENCH_METHODS ?= pld anpd lookahead-cpu spectra_core-cpu spectra_core-cpu:fixed 
                  token_recycling-cpu sam_decoding-cpu suffix-cpu \
                  lookahead spectra_core spectra_core:auto rest spectra spectra:auto token_recycling sam_decoding suffix
 
-bench: setup bench-stores ## side-by-side speed benchmarks (bench/README.md, ~1 h on 2 cores); DATA_DIR=<dir with gsm8k_test.jsonl> adds GSM8K
+BENCH_REPEATS ?= 3
+bench: setup bench-stores ## side-by-side speed benchmarks (bench/README.md; compare.py ~1 h per repeat on 2 cores, BENCH_REPEATS=3); DATA_DIR=<dir with gsm8k_test.jsonl> adds GSM8K
 	$(PY) bench/baseline.py
-	$(PY) bench/compare.py --methods $(BENCH_METHODS) $(if $(DATA_DIR),--data gsm8k=$(DATA_DIR)/gsm8k_test.jsonl)
+	$(PY) bench/compare.py --repeats $(BENCH_REPEATS) --methods $(BENCH_METHODS) $(if $(DATA_DIR),--data gsm8k=$(DATA_DIR)/gsm8k_test.jsonl)
 	$(PY) bench/draft_models.py
 	$(PY) bench/draft_models.py --temperature 1
 
