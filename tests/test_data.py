@@ -421,6 +421,21 @@ def test_spec_bench_summaries_scored_with_rouge(tmp_path):
     assert d.score(math, "It is 2.", 0, {"check_answers": True}) == {"accuracy": 1.0}
 
 
+def test_spec_bench_per_category_keeps_the_first_of_each_task(tmp_path):
+    """per_category=N: the first N of each of Spec-Bench's six tasks, MT-Bench's eight categories as one."""
+    rows = [{"question_id": i, "category": c, "turns": [f"q{i}"]}
+            for i, c in enumerate(["writing", "roleplay", "stem", "translation", "translation", "translation",
+                                   "qa", "rag", "math_reasoning", "summarization", "summarization"])]
+    path = str(write_jsonl(tmp_path / "question.jsonl", rows))
+    d = get_dataset("spec_bench")
+    assert len(d.load({"path": path})) == 11
+    two = d.load({"path": path, "per_category": 2})
+    assert [s.sample_id for s in two] == ["0", "1", "3", "4", "6", "7", "8", "9", "10"]
+    assert [s.sample_id for s in d.load({"path": path, "per_category": 1})] == ["0", "3", "6", "7", "8", "9"]
+    with pytest.raises(ValueError, match="per_category"):
+        d.load({"path": path, "per_category": 0})
+
+
 def test_builtin_prompts_offline(tok):
     d = get_dataset("prompts")
     check_available({"name": "prompts"})

@@ -69,11 +69,39 @@ class MTBench(_QuestionFile):
     path_example = "mtbench_questions.jsonl"
 
 
+# Spec-Bench's six task categories; MT-Bench's eight categories are its "mt_bench".
+SPEC_BENCH_CATEGORIES = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
+MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+
+
+def spec_bench_category(category: str | None) -> str | None:
+    """The Spec-Bench task a question belongs to (MT-Bench's eight categories are ``mt_bench``)."""
+    return "mt_bench" if category in MT_BENCH_CATEGORIES else category
+
+
 class SpecBench(_QuestionFile):
     name = "spec_bench"
     default_max_new_tokens = 1024
     n_turns = 2
     path_example = "spec_bench/question.jsonl"
+
+    def load(self, cfg: Any = None) -> list[Sample]:
+        """The questions in file order; ``dataset.per_category=N`` keeps the first N of each of Spec-Bench's
+        six tasks (a short run that still covers every column of its table)."""
+        samples = super().load(cfg)
+        per = setting(cfg, "per_category")
+        if per is None:
+            return samples
+        if not isinstance(per, int) or isinstance(per, bool) or per < 1:
+            raise ValueError(f"dataset.per_category must be a positive number of questions, got {per!r}")
+        seen: dict[str | None, int] = {}
+        kept = []
+        for sample in samples:
+            task = spec_bench_category(sample.meta.get("category"))
+            if seen.get(task, 0) < per:
+                seen[task] = seen.get(task, 0) + 1
+                kept.append(sample)
+        return kept
 
     def score(self, sample: Sample, output_text: str, turn: int, cfg: Any) -> dict[str, float]:
         category = sample.meta.get("category")
