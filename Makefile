@@ -16,7 +16,7 @@ PYTEST      := $(PY) -m pytest -p no:cacheprovider
 
 .DEFAULT_GOAL := help
 .PHONY: help setup demo smoke smoke-experiments test test-slow test-all lint bench bench-stores bench-retrieval clean train-acceptance-head \
-        datastore datastore-refine memory_scopes table1 table2 table3 table4 table5 table6 table7 figures report reproduce-cpu
+        datastore datastore-refine memory_scopes spec_bench table1 table2 table3 table4 table5 table6 table7 figures report reproduce-cpu
 
 # Paper reproduction. Sweeps write <RESULTS>/<experiment>/; reports go to <REPORTS>/ (Markdown, LaTeX,
 # CSV, PNG, PDF). ARGS adds overrides to every sweep, e.g. ARGS="model=llama2-7b hydra/launcher=slurm".
@@ -123,9 +123,15 @@ smoke-experiments: setup ## every experiment's smoke variant (tiny model, second
 	  $(PY) -m specbench.datastore build --model tiny-llama --source stdlib --limit 20 --quiet
 	$(PY) -m specbench.datastore info --model tiny-llama --store stdlib-refined >/dev/null 2>&1 || \
 	  $(PY) -m specbench.datastore refine --model tiny-llama --store stdlib --keep 0.5 --sample 40 --quiet
-	for e in table1 table2 table3 table6 table7 figure3 figure4 figure6; do \
+	for e in table1 table2 table3 table6 table7 figure3 figure4 figure6 spec_bench; do \
 	  $(PY) run.py -m experiment=$${e}_smoke progress=false || exit 1; done
 	$(PY) -m specbench.report --results results/smoke --out reports/smoke
+	$(PY) -m specbench.report spec_bench --results results/smoke --out reports/smoke/spec_bench
+
+SPEC_BENCH_QUESTIONS ?=
+spec_bench: setup ## Spec-Bench's leaderboard: its 480 questions on Vicuna-7B (GPU), every method vs autoregressive, 3 runs; SPEC_BENCH_QUESTIONS=<question.jsonl>
+	$(SWEEP) experiment=spec_bench $(if $(SPEC_BENCH_QUESTIONS),dataset.path=$(SPEC_BENCH_QUESTIONS)) $(ARGS)
+	$(REPORT) spec_bench
 
 table1: setup ## Table 1 (and the rows of Tables 4/5): 7 models x 4 methods x 5 datasets x T in {0,1}, GPU; then its report
 	$(SWEEP) experiment=table1 $(ARGS)

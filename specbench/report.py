@@ -16,6 +16,7 @@ table7     results/table7        ROUGE, speedup, τ at T=1 (Table 7)
 figure3    results/figure3       acceptance rate by guess source
 figure4    results/figure4       attention implementation (sdpa / eager / flash_attention_2)
 figure6    results/figure6       cumulative tokens against decoding step
+spec_bench results/spec_bench    Spec-Bench's leaderboard layout (specbench.spec_bench_report)
 =========  ====================  ============================================
 
 Every cell reads ``ours / paper (ours ÷ paper)``; ``—`` marks a missing value
@@ -47,6 +48,7 @@ import pandas as pd
 from specbench.config import CONF_DIR, ConfigError
 from specbench.metrics import acceptance_by_source, summarize, with_preset
 from specbench.results import load_results
+from specbench.spec_bench_report import load_leaderboard, spec_bench_table
 
 BASELINE = "autoregressive"
 MISSING = "—"
@@ -85,9 +87,10 @@ SOURCES = {
     "figure4": "figure4",
     "figure6": "figure6",
     "memory_scopes": "memory_scopes",
+    "spec_bench": "spec_bench",
 }
 TABLES = ("table1", "table2", "table3", "table4", "table5", "table6", "table7")
-EXTRA_TABLES = ("memory_scopes",)  # ours alone, not in the paper: only when asked for by name
+EXTRA_TABLES = ("memory_scopes", "spec_bench")  # not the paper's tables: only when asked for by name
 FIGURES = ("figure3", "figure4", "figure6")
 PAPER_FILES = {
     "table1": "table1_speedup_tau.csv",
@@ -610,6 +613,7 @@ def memory_scopes(df: pd.DataFrame, paper: dict | None = None, compare: dict[str
 BUILDERS: dict[str, Callable[..., Table]] = {
     "table1": table1, "table2": table2, "table3": table3, "table4": table4,
     "table5": table5, "table6": table6, "table7": table7, "memory_scopes": memory_scopes,
+    "spec_bench": spec_bench_table,
 }
 
 
@@ -799,11 +803,14 @@ def write_report(
     out: str | Path = "reports",
     paper_dir: str | Path | None = None,
     compare: dict[str, str] | None = None,
+    spec_bench_dir: str | Path | None = None,
 ) -> list[Path]:
     """Write the tables (``.md``, ``.tex``, ``.csv``) and figures (``.png``, ``.pdf``) asked for; return the paths."""
     results, out = Path(results), Path(out)
     names = _expand(what)
     paper = load_paper(paper_dir, required=paper_dir is not None) if any(n in TABLES for n in names) else {}
+    if "spec_bench" in names:
+        paper["spec_bench"] = load_leaderboard(spec_bench_dir)
     out.mkdir(parents=True, exist_ok=True)
     cache: dict[str, pd.DataFrame] = {}
     written: list[Path] = []
@@ -866,18 +873,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("what", nargs="*", default=["all"],
                         help="table1 … table7, figure3, figure4, figure6, tables, figures or all (default); "
-                             "memory_scopes (not a paper table)")
+                             "memory_scopes, spec_bench (Spec-Bench's leaderboard layout; not paper tables)")
     parser.add_argument("--results", default="results", help="results folder (default: results)")
     parser.add_argument("--out", default="reports", help="output folder (default: reports)")
     parser.add_argument("--paper-dir", default=None,
                         help="folder of the paper's CSV files (default: paper_dir in conf/config.yaml)")
+    parser.add_argument("--spec-bench-dir", default=None,
+                        help="folder of Spec-Bench's leaderboard.csv (default: spec_bench_dir in conf/config.yaml)")
     parser.add_argument("--compare-model", action="append", default=[], metavar="MODEL=CODE",
                         help="set a model of ours beside a paper model, e.g. smollm2-135m=L2-7B")
     args = parser.parse_args(argv)
     from specbench.errors import one_line_errors
 
     with one_line_errors():
-        paths = write_report(args.what, args.results, args.out, args.paper_dir, _compare(args.compare_model))
+        paths = write_report(args.what, args.results, args.out, args.paper_dir, _compare(args.compare_model),
+                             args.spec_bench_dir)
     for p in paths:
         print(p)
 

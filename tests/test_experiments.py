@@ -143,7 +143,7 @@ def test_smoke_experiment_runs_and_reports(smoke, tmp_path, request):
     if outputs:
         report.write_report(outputs, tmp_path / "results", tmp_path / "report", paper_dir=None)
         for o in outputs:
-            if o in report.TABLES:
+            if o in report.BUILDERS:
                 data = pd.read_csv(tmp_path / "report" / f"{o}.csv")
                 assert data["ours"].notna().any(), o
             else:
