@@ -5,10 +5,15 @@
 * :func:`assert_sampling_preserves_distribution`: over an 8-token vocabulary,
   the joint distribution of the first three generated tokens matches the exact
   one (computed by enumerating every prefix) under a chi-square test at
-  significance 1e-3 (cells expected below 5 are pooled). The default target is
-  a bigram table behind the :class:`Target` interface (thousands of trials in
-  seconds); :func:`small_vocab_target` is a real tiny transformer for the same
-  test through the real forward, mask and cache.
+  significance 1e-3 (cells expected below 5 are pooled, :func:`chi_square_pvalue`).
+  With ``extra=K`` each trial generates 3 + K tokens and the first three are
+  compared, so drafters that honour ``DecodeState.max_depth`` may draft deep
+  trees inside the compared steps (with 3 tokens in all, every draft after
+  the prefill is one token deep); ``min_depth=d`` asserts that drafts of depth
+  ≥ d were verified there. The default target is a bigram table behind the
+  :class:`Target` interface (thousands of trials in seconds);
+  :func:`small_vocab_target` is a real tiny transformer for the same test
+  through the real forward, mask and cache.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from scipy.stats import chisquare
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from specbench.decode import generate
-from specbench.draft import Drafter
+from specbench.draft import DecodeState, Drafter
 from specbench.sampling import SamplingParams, target_probs
 from specbench.verify import Target
 
@@ -146,27 +151,12 @@ def exact_joint(target: Target, prompt: list[int], params: SamplingParams, lengt
     return probs
 
 
-def assert_sampling_preserves_distribution(
-    make_drafter: Callable[[], Drafter],
-    params: SamplingParams,
-    prompt: list[int] | None = None,
-    trials: int = 4000,
-    seed: int = 0,
-    target: Target | None = None,
-    make_budget: Callable[[], object] | None = None,
-) -> float:
-    """Chi-square test of the method's first three sampled tokens against the exact joint
-    (``make_budget``: a budget=auto trimmer per trial)."""
-    target = target or BigramTarget()
-    prompt = prompt or [1, 2, 3, 1, 2, 3, 4, 1, 2]
-    exact = exact_joint(target, prompt, params)
-    gen = torch.Generator().manual_seed(seed)
-    counts: Counter = Counter()
-    for _ in range(trials):
-        rec = generate(target, make_drafter(), prompt, max_new_tokens=3, sampling=params, generator=gen,
-                       budget=make_budget() if make_budget else None)
-        counts[tuple(rec.output_ids)] += 1
+def chi_square_pvalue(counts: Counter, exact: dict, trials: int | None = None) -> float:
+    """Chi-square p-value of observed ``counts`` against ``exact`` probabilities; cells whose expected
+    count is below 5 are pooled into one, which takes the smallest other cells until it reaches 5 (the
+    test's approximation needs it). A sample of probability 0 fails at once."""
     assert not [s for s, p in exact.items() if p == 0 and counts[s]], "sampled a sequence of probability 0"
+    trials = trials if trials is not None else sum(counts.values())
     cells = sorted(exact, key=exact.get, reverse=True)
     observed, expected, pool_o, pool_e = [], [], 0.0, 0.0
     for s in cells:
@@ -176,11 +166,56 @@ def assert_sampling_preserves_distribution(
         else:
             pool_o += counts[s]
             pool_e += exact[s] * trials
+    while 0 < pool_e < 5 and expected:  # the pool itself too small: it takes the smallest kept cells
+        pool_o += observed.pop()
+        pool_e += expected.pop()
     if pool_e > 0:
         observed.append(pool_o)
         expected.append(pool_e)
     expected_arr = np.array(expected) * (sum(observed) / sum(expected))
-    pvalue = float(chisquare(np.array(observed, dtype=float), expected_arr).pvalue)
+    return float(chisquare(np.array(observed, dtype=float), expected_arr).pvalue)
+
+
+def compared_depth(rec, length: int) -> int:
+    """The deepest draft verified by a step that began before the first ``length`` tokens were complete."""
+    done, deepest = rec.step_tokens[0], 0
+    for kept, depth in zip(rec.step_tokens[1:], rec.step_depth[1:], strict=True):
+        if done >= length:
+            break
+        deepest = max(deepest, depth)
+        done += kept
+    return deepest
+
+
+def assert_sampling_preserves_distribution(
+    make_drafter: Callable[[], Drafter],
+    params: SamplingParams,
+    prompt: list[int] | None = None,
+    trials: int = 4000,
+    seed: int = 0,
+    target: Target | None = None,
+    make_budget: Callable[[], object] | None = None,
+    extra: int = 0,
+    min_depth: int = 0,
+    length: int = 3,
+) -> float:
+    """Chi-square test of the method's first ``length`` sampled tokens against the exact joint, each trial
+    generating ``length + extra`` tokens (``make_budget``: a budget=auto trimmer per trial). ``min_depth``:
+    some draft of at least that depth must have been verified while the compared tokens were decided."""
+    target = target or BigramTarget()
+    prompt = prompt or [1, 2, 3, 1, 2, 3, 4, 1, 2]
+    exact = exact_joint(target, prompt, params, length)
+    gen = torch.Generator().manual_seed(seed)
+    counts: Counter = Counter()
+    depths: Counter = Counter()
+    for _ in range(trials):
+        rec = generate(target, make_drafter(), prompt, max_new_tokens=length + extra, sampling=params,
+                       generator=gen, budget=make_budget() if make_budget else None)
+        counts[tuple(rec.output_ids[:length])] += 1
+        depths[compared_depth(rec, length)] += 1
+    deepest = max(depths)
+    assert deepest >= min_depth, f"no draft of depth {min_depth} was verified in the compared steps: {depths}"
+    pvalue = chi_square_pvalue(counts, exact, trials)
     assert pvalue > ALPHA, f"sampled distribution differs from the target's (chi-square p = {pvalue:.2e})"
     return pvalue
 
@@ -202,17 +237,39 @@ def assert_eos_inside_accepted_run(
     assert inside > 0
 
 
+def ignoring_max_depth(make_drafter: Callable[[], Drafter], beyond: int = 64) -> Callable[[], Drafter]:
+    """The drafter made to believe ``beyond`` more tokens remain: it drafts past ``max_new_tokens``, as a
+    method that ignores ``DecodeState.max_depth`` would, so the core's cut is what keeps the count."""
+
+    def make() -> Drafter:
+        drafter = make_drafter()
+        propose = drafter.propose
+
+        def unbounded(state: DecodeState):
+            return propose(DecodeState(state.tokens, state.prompt_len, state.max_new_tokens + beyond, state.step))
+
+        drafter.propose = unbounded
+        return drafter
+
+    return make
+
+
 def assert_max_new_tokens_cuts_accepted_runs(
     target: Target, make_drafter: Callable[[], Drafter], prompt: list[int]
 ) -> None:
-    """Generations of every length are prefixes of the longest, some cut inside an accepted run."""
+    """Generations of every length are prefixes of the longest, also when the drafter drafts past the
+    limit; then some are cut inside an accepted run (the last step accepted guesses and the cut dropped at
+    least one of them besides the target's own token), and what was cut is neither kept nor counted."""
     free = autoregressive_output(target, prompt, 32)
     cut_runs = 0
-    for max_new in [1, 2, 3, 5, 7, 10, 13, 17, 22, 27, 32]:
-        rec = generate(target, make_drafter(), prompt, max_new_tokens=max_new)
-        assert rec.output_ids == free[:max_new] and rec.finish_reason == "length"
-        cut_runs += rec.step_tokens[-1] > 1
-    assert cut_runs > 0
+    for make in (make_drafter, ignoring_max_depth(make_drafter)):
+        for max_new in range(1, 33, 2):
+            rec = generate(target, make(), prompt, max_new_tokens=max_new)
+            assert rec.output_ids == free[:max_new] and rec.finish_reason == "length"
+            assert sum(rec.step_tokens) == max_new and rec.step_accepted[-1] <= rec.step_tokens[-1]
+            assert sum(rec.accepted_per_step) == sum(rec.accepted_by_position.values())  # one record
+            cut_runs += rec.dropped >= 2 and rec.step_accepted[-1] >= 1
+    assert cut_runs > 0, "no generation was cut inside an accepted run"
 
 
 def counting_proposals(make_drafter: Callable[[], Drafter], proposed: list[int]) -> Callable[[], Drafter]:

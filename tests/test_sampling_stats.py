@@ -16,10 +16,10 @@ from itertools import product
 import numpy as np
 import pytest
 import torch
-from scipy.stats import chisquare
 
 from specbench.draft import Draft
 from specbench.sampling import SamplingParams, accept, target_probs
+from tests.lossless import chi_square_pvalue
 
 V = 5
 LENGTH = 3
@@ -60,12 +60,8 @@ def simulate(table, params, make_draft, seed: int, trials: int = TRIALS) -> Coun
 
 
 def p_value(counts: Counter, exact: dict, trials: int = TRIALS) -> float:
-    cells = [s for s, p in exact.items() if p > 0]
-    assert sum(counts[s] for s in exact if exact[s] == 0) == 0, "sampled a token of probability 0"
-    observed = np.array([counts[s] for s in cells], dtype=float)
-    expected = np.array([exact[s] for s in cells]) * trials
-    expected *= observed.sum() / expected.sum()
-    return float(chisquare(observed, expected).pvalue)
+    """The shared chi-square check: cells expected below 5 are pooled."""
+    return chi_square_pvalue(counts, exact, trials)
 
 
 def deterministic_tree(rng, gen) -> Draft:
@@ -120,3 +116,14 @@ def test_negative_control_misstated_draft_distribution_is_detected():
 
     counts = simulate(table, params, lying_chain, seed=7)
     assert p_value(counts, exact_distribution(table, params)) < ALPHA
+
+
+def test_small_cells_are_pooled():
+    """A cell expected 0.5 times that turns up 4 times would alone dominate an unpooled chi-square."""
+    exact = {"a": 0.5, "b": 0.4995, "rare": 0.0005}
+    counts = Counter({"a": 500, "b": 496, "rare": 4})
+    assert p_value(counts, exact, 1000) > ALPHA  # pooled: 'rare' joins the smallest bin
+    from scipy.stats import chisquare
+
+    unpooled = chisquare([500, 496, 4], [500, 499.5, 0.5]).pvalue
+    assert unpooled < ALPHA

@@ -1,6 +1,9 @@
-"""What a step's time covers: all of the step's work, the drafter's and the budget's included."""
+"""The decode loop's own duties: it refuses malformed drafts, a step's time covers all of its work (the
+drafter's and the budget's included), and every count derives from one per-step record."""
 
 import time
+
+import pytest
 
 from specbench.decode import generate
 from specbench.draft import Draft, Drafter
@@ -60,3 +63,27 @@ def test_greedy_output_and_counts_agree_when_the_last_step_is_cut():
     assert dict(rec.accepted_by_position) == {1: 2, 2: 1}
     assert sum(rec.accepted_by_source.values()) == sum(rec.step_accepted) == 3
     assert rec.step_depth == [0, 2, 2]
+
+
+class Misordered(Drafter):
+    """Lists a child before its parent: verified as is, its forward would be silently wrong."""
+
+    name = "misordered"
+
+    def propose(self, state):
+        return Draft(tokens=[1, 2], parents=[1, -1], sources=["x", "x"])
+
+
+class Uneven(Drafter):
+    name = "uneven"
+
+    def propose(self, state):
+        return Draft(tokens=[1, 2], parents=[-1], sources=["x", "x"])
+
+
+@pytest.mark.parametrize("make,why", [(Misordered, "must precede"), (Uneven, "differ in length")])
+def test_the_core_refuses_a_malformed_draft_naming_the_method(make, why):
+    with pytest.raises(ValueError, match=f"method '{make.name}' proposed an invalid draft at step 1: .*{why}"):
+        generate(BigramTarget(), make(vocab_size=8), [1, 2, 3], max_new_tokens=5)
+    well_formed = generate(BigramTarget(), SlowUpdate(BigramTarget()), [1, 2, 3], max_new_tokens=3)
+    assert well_formed.new_tokens == 3
