@@ -84,8 +84,7 @@ def generate(
     target.sync()
     record.prefill_s = perf_counter() - t0
     record.dropped = len(tokens) - kept
-    _record_step(record, kept, 0.0, 0, 0, 0, 0, 0.0, 0.0)
-    record.step_times[0] = record.prefill_s
+    _record_step(record, kept, record.prefill_s, 0, 0, 0, 0, 0.0, 0.0)
 
     seq = list(prompt_ids) + record.output_ids
     step = 0
