@@ -23,7 +23,7 @@ from tests.lossless import chi_square_pvalue
 
 V = 5
 LENGTH = 3
-TRIALS = 6000
+TRIALS = 4000
 ALPHA = 1e-3
 
 

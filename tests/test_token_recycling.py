@@ -186,9 +186,7 @@ def test_eos_and_max_new_tokens(tiny_llama):
 # ---------------------------------------------------------------- sampling
 
 
-@pytest.mark.parametrize(
-    "params", [SamplingParams(temperature=1.0), SamplingParams(temperature=1.0, top_p=0.9)], ids=["t1", "top_p"]
-)
+@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0)], ids=["t1"])  # top-p: tests/test_sampling_deep
 def test_sampling_preserves_the_target_distribution(params):
     shared = TokenRecycling(TokenRecyclingConfig(tree="cpu"), vocab_size=8)  # warms up over the trials
     proposed: list[int] = []
