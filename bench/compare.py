@@ -53,7 +53,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-
 from baseline import hf_generate  # bench/ is on sys.path when a script here runs
 from omegaconf import OmegaConf
 from prompts import dataset_prompts  # bench/ is on sys.path when a script here runs

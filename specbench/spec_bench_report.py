@@ -82,6 +82,10 @@ def published_row_for(board: pd.DataFrame | None, model: str, device_name: str) 
     return DEFAULT_PUBLISHED if DEFAULT_PUBLISHED in pairs else pairs[0]
 
 
+def _get(s: pd.Series | None, col: str) -> float:
+    return float(s[col]) if s is not None and col in s and s[col] is not None else math.nan
+
+
 def spec_bench_table(df: pd.DataFrame, paper: dict, compare: dict[str, str] | None = None):
     """The leaderboard layout (``paper["spec_bench"]``: the published leaderboard, or absent)."""
     from specbench.report import (
@@ -120,23 +124,20 @@ def spec_bench_table(df: pd.DataFrame, paper: dict, compare: dict[str, str] | No
         if pick is not None and pub is not None:
             shown.add(pick)
         line = [str(r["model"]), str(r["preset"])]
-
-        def add(metric: str, ours: float, lo: float, hi: float, published: float) -> None:
-            records.append(dict(model=r["model"], preset=r["preset"], method=r["method"], metric=metric,
-                                ours=ours, paper=published, lo=lo, hi=hi))
-            line.append(cell(ours, published, lo=lo, hi=hi))
-
-        def get(s: pd.Series | None, col: str) -> float:
-            return float(s[col]) if s is not None and col in s and s[col] is not None else math.nan
-
+        cells = []
         for t in SPEC_BENCH_CATEGORIES:
             s = by_task[t]
             mine = s[(s["model"] == r["model"]) & (s["preset"] == r["preset"])] if not s.empty else s
             m = mine.iloc[0] if len(mine) else None
-            add(t, get(m, "speedup"), get(m, "speedup_lo"), get(m, "speedup_hi"), get(pub, t))
-        add("mean_accepted_tokens", get(r, "acceptance_length"), math.nan, math.nan,
-            get(pub, "mean_accepted_tokens"))
-        add("overall", get(r, "speedup"), get(r, "speedup_lo"), get(r, "speedup_hi"), get(pub, "overall"))
+            cells.append((t, _get(m, "speedup"), _get(m, "speedup_lo"), _get(m, "speedup_hi"), _get(pub, t)))
+        cells.append(("mean_accepted_tokens", _get(r, "acceptance_length"), math.nan, math.nan,
+                      _get(pub, "mean_accepted_tokens")))
+        cells.append(("overall", _get(r, "speedup"), _get(r, "speedup_lo"), _get(r, "speedup_hi"),
+                      _get(pub, "overall")))
+        for metric, ours, lo, hi, published in cells:
+            records.append(dict(model=r["model"], preset=r["preset"], method=r["method"], metric=metric,
+                                ours=ours, paper=published, lo=lo, hi=hi))
+            line.append(cell(ours, published, lo=lo, hi=hi))
         rows.append(line)
     where = "; ".join(f"{d} {m}" for d, m in sorted(shown)) or MISSING
     notes = [
