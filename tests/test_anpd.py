@@ -177,6 +177,7 @@ def make(lm, **cfg):
     return lambda: ANPD(ANPDConfig(**cfg), vocab_size=lm.vocab_size, tokenizer=lm.tokenizer)
 
 
+@pytest.mark.slow  # 30 s here; ANPD's fast lossless checks run on the tiny models
 def test_greedy_lossless_on_smollm2(smollm2):
     target = Target(smollm2.model)
     eos = smollm2.eos_token_ids
