@@ -5,13 +5,13 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from specbench.config import check_overrides
 from specbench.errors import one_line_errors
+from specbench.run.config import check_overrides
 
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> dict:
-    from specbench.sweep import run_job
+    from specbench.run.jobs import run_job
 
     return run_job(cfg)  # in a sweep a failed job is recorded and the others go on
 

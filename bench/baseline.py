@@ -18,12 +18,12 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
+from specbench.core.decode import generate
+from specbench.core.draft import Drafter
+from specbench.core.forward import Target
 from specbench.data import get_dataset, select
-from specbench.decode import generate
-from specbench.draft import Drafter
 from specbench.models import DTYPES, load_model
 from specbench.provenance import environment_info
-from specbench.verify import Target
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 

@@ -57,17 +57,22 @@ from baseline import hf_generate  # bench/ is on sys.path when a script here run
 from omegaconf import OmegaConf
 from prompts import dataset_prompts  # bench/ is on sys.path when a script here runs
 
-from specbench.budget import AutoBudget
-from specbench.config import CONF_DIR, ConfigError, load_preset
-from specbench.costs import CostModel, load_or_measure
-from specbench.datastore import RANDOM_SUFFIX, Datastore
-from specbench.decode import generate
-from specbench.metrics import bootstrap_interval, format_interval, mac_tp, mic_tp, speedup_ratio
+from methods.registry import build_method_config, get_method
+from specbench.budget.costs import CostModel, load_or_measure
+from specbench.budget.planner import AutoBudget
+from specbench.core.acceptance import SamplingParams
+from specbench.core.decode import generate
+from specbench.core.forward import Target
+from specbench.errors import ConfigError
 from specbench.models import load_model
+from specbench.paths import CONF_DIR
 from specbench.provenance import environment_info
-from specbench.registry import build_method_config, get_method
-from specbench.sampling import SamplingParams
-from specbench.verify import Target
+from specbench.results.metrics import mac_tp, mic_tp
+from specbench.results.stats import bootstrap_interval, speedup_ratio
+from specbench.results.table import format_interval
+from specbench.run.config import load_preset
+from specbench.stores.datastore import Datastore
+from specbench.stores.naming import RANDOM_SUFFIX
 
 DEFAULT_METHODS = ["pld", "anpd", "lookahead-cpu", "lookahead", "spectra_core-cpu", "spectra_core"]
 DEFAULT_STORES = {"humaneval": "stdlib", "mbpp": "stdlib", "classeval": "stdlib", "mtbench": "chat", "gsm8k": "chat"}
@@ -193,7 +198,7 @@ def bench(loaded, prompts, presets: list[str], max_new: int, run_cfg=None, store
             out = hf_generate(loaded, ids, n, prompt_lookup_num_tokens=10)
             return out, None, time.perf_counter() - start
         start = time.perf_counter()
-        rec = generate(target, drafters[name], ids, max_new_tokens=n, eos_token_ids=eos, budget=budgets.get(name),
+        rec = generate(target, drafters[name], ids, max_new_tokens=n, eos_token_ids=eos, planner=budgets.get(name),
                        sampling=sampling, generator=generator)
         return rec.output_ids, rec, time.perf_counter() - start
 

@@ -29,13 +29,13 @@ import torch
 from omegaconf import OmegaConf
 from prompts import dataset_prompts  # bench/ is on sys.path when a script here runs
 
-from specbench.config import CONF_DIR
-from specbench.decode import generate
-from specbench.draft import Drafter
+from methods.registry import build_method_config, get_method
+from specbench.core.decode import generate
+from specbench.core.draft import Drafter
+from specbench.core.forward import Target
 from specbench.models import load_model
+from specbench.paths import CONF_DIR
 from specbench.provenance import environment_info
-from specbench.registry import build_method_config, get_method
-from specbench.verify import Target
 
 BUDGETS = {"paper": "spectra_core", "cpu": "spectra_core-cpu"}
 VARIANTS = ["epsilon", "literal_key", "literal_ngram", "argmax"]

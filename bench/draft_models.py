@@ -42,16 +42,17 @@ import torch
 from baseline import hf_generate  # bench/ is on sys.path when a script here runs
 from omegaconf import OmegaConf
 
-from specbench.acceptance_head import train_command
-from specbench.config import CONF_DIR, ConfigError
+from methods.registry import build_method_config, get_method
+from specbench.core.acceptance import SamplingParams
+from specbench.core.decode import generate
+from specbench.core.draft import DrafterContext
+from specbench.core.forward import Target
 from specbench.data import get_dataset, select
-from specbench.decode import generate
-from specbench.draft import DrafterContext
+from specbench.drafting.acceptance_head import train_command
+from specbench.errors import ConfigError
 from specbench.models import load_model
+from specbench.paths import CONF_DIR
 from specbench.provenance import environment_info
-from specbench.registry import build_method_config, get_method
-from specbench.sampling import SamplingParams
-from specbench.verify import Target
 
 
 def layer_skipping_assistant(model: torch.nn.Module, kept: list[int]) -> torch.nn.Module:

@@ -28,9 +28,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specbench.automaton import SuffixAutomaton  # noqa: E402
-from specbench.recycling import PAPER_TREE, CandidateMatrix, TreeTemplate  # noqa: E402
-from specbench.suffix_tree import SuffixTrie  # noqa: E402
+from specbench.drafting.automaton import SuffixAutomaton  # noqa: E402
+from specbench.drafting.recycling import PAPER_TREE, CandidateMatrix, TreeTemplate  # noqa: E402
+from specbench.drafting.suffix_trie import SuffixTrie  # noqa: E402
 
 
 def stream(n: int, vocab: int, seed: int = 0) -> list[int]:

@@ -6,8 +6,9 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from specbench.config import CONF_DIR
-from specbench.data import DatasetUnavailableError, get_dataset, select
+from specbench.data import get_dataset, select
+from specbench.errors import DatasetUnavailableError
+from specbench.paths import CONF_DIR
 
 
 def dataset_prompts(name: str, tokenizer, model_cfg, *, limit: int, offset: int = 0, path: str | None = None):

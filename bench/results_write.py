@@ -21,8 +21,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from specbench import provenance
-from specbench.record import GenerationRecord
-from specbench.results import ResultWriter, _to_table, load_results, make_row
+from specbench.core.record import GenerationRecord
+from specbench.results.rows import ResultWriter, _to_table, load_results, make_row
 
 
 def realistic_row(i: int, context: dict) -> dict:

@@ -38,8 +38,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specbench.draft import SOURCE_NGRAM, DecodeState, Draft, Drafter
-from specbench.registry import register_method
+from methods.registry import register_method
+from specbench.core.draft import SOURCE_NGRAM, DecodeState, Draft, Drafter
 
 NEXT_TOKEN_RULES = ("frequent", "latest")
 
@@ -122,10 +122,8 @@ class ANPD(Drafter):
     Config = ANPDConfig
     tree_drafts = False  # one chain per step: plain causal attention
 
-    def __init__(self, config: ANPDConfig | None = None, *, vocab_size: int, seed: int = 0, tokenizer=None):
-        config = config or ANPDConfig()
-        config.validate()
-        super().__init__(config, vocab_size=vocab_size, seed=seed, tokenizer=tokenizer)
+    def __init__(self, config: ANPDConfig | None = None, **kwargs) -> None:
+        super().__init__(config, **kwargs)
         self.table = self._new_table()
 
     def _new_table(self) -> NgramTable:

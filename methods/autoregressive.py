@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specbench.draft import Drafter
-from specbench.registry import register_method
+from methods.registry import register_method
+from specbench.core.draft import Drafter
 
 
 @dataclass

@@ -2,10 +2,10 @@
 
 Each step verifies the pool's n-grams for the root and, in the same forward,
 runs one Jacobi iteration of a 2-D window held as auxiliary nodes. The window
-and pool live in :mod:`specbench.lookahead_window` (shared with ``lookahead_rest``).
+and pool live in :mod:`specbench.drafting.lookahead_window` (shared with ``lookahead_rest``).
 
 Window layout (the official implementation's) and schedule: see
-:mod:`specbench.lookahead_window`. The window advances by one position per
+:mod:`specbench.drafting.lookahead_window`. The window advances by one position per
 step whatever the number of accepted tokens (the reference's ``ALWAYS_FWD_ONE``);
 an EOS in the new level is replaced by a prompt token, as in the reference.
 
@@ -23,9 +23,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specbench.draft import SOURCE_POOL, DecodeState, Draft, Drafter, ScopedMemory, VerifyResult, check_memory
-from specbench.lookahead_window import LookaheadEngine
-from specbench.registry import register_method
+from methods.registry import register_method
+from specbench.core.draft import (
+    SOURCE_POOL,
+    DecodeState,
+    Draft,
+    Drafter,
+    ScopedMemory,
+    VerifyResult,
+    check_memory,
+)
+from specbench.drafting.lookahead_window import LookaheadEngine
 
 
 @dataclass
@@ -52,15 +60,11 @@ class Lookahead(ScopedMemory, Drafter):
     Config = LookaheadConfig
     AUX_FEEDS = (SOURCE_POOL,)  # the Jacobi window harvests the pool's n-grams
 
-    def __init__(
-        self, config: LookaheadConfig | None = None, *, vocab_size: int, seed: int = 0, tokenizer=None
-    ):
-        config = config or LookaheadConfig()
-        config.validate()
-        super().__init__(config, vocab_size=vocab_size, seed=seed, tokenizer=tokenizer)
-        c = config
-        eos = getattr(tokenizer, "eos_token_id", None)
-        self.engine = LookaheadEngine(c.window, c.ngram, c.guesses, c.pool_from_prompt, seed, eos)
+    def __init__(self, config: LookaheadConfig | None = None, **kwargs) -> None:
+        super().__init__(config, **kwargs)
+        c = self.config
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        self.engine = LookaheadEngine(c.window, c.ngram, c.guesses, c.pool_from_prompt, self.seed, eos)
 
     # The window and the pool, for inspection (tests set the pool directly).
     levels = property(lambda self: self.engine.levels)
@@ -70,7 +74,6 @@ class Lookahead(ScopedMemory, Drafter):
         self.engine.forget()
 
     def start(self, prompt_ids: list[int]) -> None:
-        self.begin_turn()
         self.engine.start(prompt_ids, keep=True)
 
     def propose(self, state: DecodeState) -> Draft:

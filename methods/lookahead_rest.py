@@ -4,11 +4,11 @@ The SPECTRA paper reports this row (1.08× GSM8K, 1.27× MT-Bench on
 Llama-2-7B-chat) and names it, giving no detail of how the two were combined.
 Here, the plainest union of the two drafts:
 
-* Lookahead's part is unchanged (:class:`specbench.lookahead_window.LookaheadEngine`):
+* Lookahead's part is unchanged (:class:`specbench.drafting.lookahead_window.LookaheadEngine`):
   the Jacobi window as auxiliary nodes, its harvested n-grams in the pool, the
   pool's n-grams keyed by the root as guesses (at most ``guesses`` = G of them,
   oldest first, source ``pool``);
-* REST's part is unchanged (:func:`specbench.retrieval.retrieval_tree`): the
+* REST's part is unchanged (:func:`specbench.drafting.retrieval.retrieval_tree`): the
   ``max_nodes`` heaviest nodes of the trie of the store's continuations of the
   longest context suffix, cut to ``max_continuation`` tokens and to what the
   generation may still take, read back as root-to-leaf sequences (source
@@ -27,7 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from time import perf_counter
 
-from specbench.draft import (
+from methods.registry import register_method
+from specbench.core.draft import (
     SOURCE_POOL,
     SOURCE_RETRIEVAL,
     DecodeState,
@@ -36,9 +37,8 @@ from specbench.draft import (
     VerifyResult,
     check_memory,
 )
-from specbench.lookahead_window import LookaheadEngine
-from specbench.registry import register_method
-from specbench.retrieval import RetrievalConfig, StoreDrafter, retrieval_tree
+from specbench.drafting.lookahead_window import LookaheadEngine
+from specbench.drafting.retrieval import RetrievalConfig, StoreDrafter, retrieval_tree
 
 
 @dataclass
@@ -81,18 +81,16 @@ class LookaheadRest(ScopedMemory, StoreDrafter):
     Config = LookaheadRestConfig
     AUX_FEEDS = (SOURCE_POOL,)
 
-    def __init__(self, config: LookaheadRestConfig | None = None, *, vocab_size: int, seed: int = 0,
-                 tokenizer=None):
-        super().__init__(config or LookaheadRestConfig(), vocab_size=vocab_size, seed=seed, tokenizer=tokenizer)
+    def __init__(self, config: LookaheadRestConfig | None = None, **kwargs) -> None:
+        super().__init__(config, **kwargs)
         c = self.config
-        eos = getattr(tokenizer, "eos_token_id", None)
-        self.engine = LookaheadEngine(c.window, c.ngram, c.guesses, c.pool_from_prompt, seed, eos)
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        self.engine = LookaheadEngine(c.window, c.ngram, c.guesses, c.pool_from_prompt, self.seed, eos)
 
     def forget(self) -> None:
         self.engine.forget()
 
     def start(self, prompt_ids: list[int]) -> None:
-        self.begin_turn()
         self.engine.start(prompt_ids, keep=True)
 
     def propose(self, state: DecodeState) -> Draft:

@@ -38,8 +38,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specbench.draft import SOURCE_PROMPT, DecodeState, Draft, Drafter
-from specbench.registry import register_method
+from methods.registry import register_method
+from specbench.core.draft import SOURCE_PROMPT, DecodeState, Draft, Drafter
 
 MATCHES = ("earliest", "latest")
 
@@ -127,11 +127,9 @@ class PromptLookup(Drafter):
     Config = PLDConfig
     tree_drafts = False  # one chain per step: plain causal attention
 
-    def __init__(self, config: PLDConfig | None = None, *, vocab_size: int, seed: int = 0, tokenizer=None):
-        config = config or PLDConfig()
-        config.validate()
-        super().__init__(config, vocab_size=vocab_size, seed=seed, tokenizer=tokenizer)
-        self.index = NgramIndex(config.min_ngram, config.max_ngram)
+    def __init__(self, config: PLDConfig | None = None, **kwargs) -> None:
+        super().__init__(config, **kwargs)
+        self.index = NgramIndex(self.config.min_ngram, self.config.max_ngram)
 
     def start(self, prompt_ids: list[int]) -> None:
         self.index = NgramIndex(self.config.min_ngram, self.config.max_ngram)

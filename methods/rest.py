@@ -29,10 +29,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specbench.draft import SOURCE_RETRIEVAL, Draft
-from specbench.registry import register_method
-from specbench.retrieval import RetrievalConfig, StoreDrafter
-from specbench.trie import WeightedTrie
+from methods.registry import register_method
+from specbench.core.draft import SOURCE_RETRIEVAL, Draft
+from specbench.drafting.retrieval import RetrievalConfig, StoreDrafter
+from specbench.drafting.trie import WeightedTrie
 
 
 @dataclass
@@ -49,9 +49,6 @@ class RESTConfig(RetrievalConfig):
 class REST(StoreDrafter):
     name = "rest"
     Config = RESTConfig
-
-    def __init__(self, config: RESTConfig | None = None, *, vocab_size: int, seed: int = 0, tokenizer=None):
-        super().__init__(config or RESTConfig(), vocab_size=vocab_size, seed=seed, tokenizer=tokenizer)
 
     def draft(self, trie: WeightedTrie) -> Draft:
         tokens, parents = trie.select(self.config.max_nodes)

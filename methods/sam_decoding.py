@@ -35,11 +35,9 @@ from dataclasses import dataclass
 from time import perf_counter
 from typing import Any
 
-from specbench.automaton import SuffixAutomaton
-from specbench.config import ConfigError
-from specbench.draft import (
+from methods.registry import register_method
+from specbench.core.draft import (
     SOURCE_PROMPT,
-    SOURCE_RECYCLE,
     SOURCE_RETRIEVAL,
     DecodeState,
     Draft,
@@ -48,8 +46,9 @@ from specbench.draft import (
     VerifyResult,
     check_memory,
 )
-from specbench.recycling import TREES, CandidateMatrix, TreeTemplate
-from specbench.registry import register_method
+from specbench.drafting.automaton import SuffixAutomaton
+from specbench.drafting.recycling import Recycler, check_tree
+from specbench.stores.naming import open_store, prepare_store
 
 AUXILIARIES = ("recycling", "none")
 
@@ -74,11 +73,8 @@ class SAMDecodingConfig:
             raise ValueError("sam_decoding: static_max_tokens must be >= 1")
         if self.auxiliary not in AUXILIARIES:
             raise ValueError(f"sam_decoding: auxiliary must be one of {', '.join(AUXILIARIES)}, got '{self.auxiliary}'")
-        if self.tree not in TREES:
-            raise ValueError(f"sam_decoding: tree must be one of {', '.join(TREES)}, got '{self.tree}'")
+        check_tree("sam_decoding", self.tree, self.topk)
         check_memory("sam_decoding", self.memory)
-        if TreeTemplate(TREES[self.tree]).max_rank > self.topk:
-            raise ValueError(f"sam_decoding: tree '{self.tree}' needs topk >= 8")
 
 
 def corpus_automaton(documents, max_tokens: int) -> SuffixAutomaton:
@@ -104,41 +100,22 @@ class SAMDecoding(ScopedMemory, Drafter):
     @classmethod
     def preflight(cls, config: SAMDecodingConfig, run_cfg: Any) -> None:
         if config.datastore:
-            from specbench.datastore import build_command, check_store
+            prepare_store(cls.name, config, run_cfg)
 
-            path = check_store(config.datastore, run_cfg.model, run_cfg, allow_overlap=bool(config.allow_overlap))
-            config._store_path = str(path)  # where the drafter finds it (results record the setting)
-            config._store_hint = build_command(config.datastore, run_cfg.model)
-
-    def __init__(self, config: SAMDecodingConfig | None = None, *, vocab_size: int, seed: int = 0, tokenizer=None):
-        config = config or SAMDecodingConfig()
-        config.validate()
-        super().__init__(config, vocab_size=vocab_size, seed=seed, tokenizer=tokenizer)
+    def __init__(self, config: SAMDecodingConfig | None = None, **kwargs) -> None:
+        super().__init__(config, **kwargs)
         self.static: SuffixAutomaton | None = None
-        if config.datastore:
-            self.static = corpus_automaton(self._open_store(config, tokenizer).documents(), config.static_max_tokens)
-        self.template = TreeTemplate(TREES[config.tree])
-        self.matrix = CandidateMatrix(vocab_size, config.topk)
+        if self.config.datastore:
+            self.static = corpus_automaton(open_store(self.name, self.config, self.tokenizer).documents(), self.config.static_max_tokens)
+        self.recycler = Recycler(self.vocab_size, self.config.topk, self.config.tree)
         self.dynamic = SuffixAutomaton()
-        self.root = -1
 
-    @staticmethod
-    def _open_store(config: SAMDecodingConfig, tokenizer: Any):
-        from specbench.datastore import Datastore, is_path_spec, resolve_store
-
-        path = getattr(config, "_store_path", None)
-        if path is None:
-            if not is_path_spec(str(config.datastore)):
-                raise ConfigError(f"sam_decoding: datastore '{config.datastore}' is a name; the runner resolves "
-                                  "it for the model (or pass a path)")
-            path = resolve_store(config.datastore, None)
-        return Datastore.load(path, tokenizer, hint=getattr(config, "_store_hint", None))
+    matrix = property(lambda self: self.recycler.matrix)  # for inspection
 
     def forget(self) -> None:
-        self.matrix.clear()
+        self.recycler.clear()
 
     def start(self, prompt_ids: list[int]) -> None:
-        self.begin_turn()
         self.dynamic = SuffixAutomaton()
         if self.static is not None:
             self.static.reset_match()
@@ -160,7 +137,6 @@ class SAMDecoding(ScopedMemory, Drafter):
 
     def propose(self, state: DecodeState) -> Draft | None:
         lookup = self._sync(state.tokens)
-        self.root = state.tokens[-1]
         depth = state.max_depth
         if depth < 1:
             return None
@@ -176,13 +152,11 @@ class SAMDecoding(ScopedMemory, Drafter):
                 return draft
         if cfg.auxiliary == "none":
             return None
-        tokens, parents = self.template.fill(self.matrix, self.root, depth)
-        if not tokens:
-            return None
-        draft = Draft(tokens=tokens, parents=parents, sources=[SOURCE_RECYCLE] * len(tokens))
-        draft.lookup_s = lookup
+        draft = self.recycler.propose(state.tokens[-1], depth)
+        if draft is not None:
+            draft.lookup_s = lookup
         return draft
 
     def update(self, result: VerifyResult) -> None:
         if self.config.auxiliary != "none":
-            self.matrix.update([self.root, *result.draft.tokens], result.logits)
+            self.recycler.update(result)

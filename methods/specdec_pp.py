@@ -2,7 +2,7 @@
 
 Drafting is :mod:`methods.sps`'s (a chain from a draft model, verified with
 ``min(1, p/q)``), but its length is decided token by token: a trained
-acceptance head (``specbench/acceptance_head.py``: a residual MLP with SiLU,
+acceptance head (``specbench/drafting/acceptance_head.py``: a residual MLP with SiLU,
 ``depth`` blocks, over the draft's last hidden state of the newest token)
 predicts ``p̂_i``, the chance that drafted token ``i`` is accepted, and drafting
 stops as soon as ``1 - Π p̂_i > threshold`` (the paper's threshold rule, h =
@@ -27,10 +27,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from specbench.acceptance_head import head_file, load_head, train_command
-from specbench.config import ConfigError
-from specbench.draft_model import DraftModelSettings, ModelDrafter
-from specbench.registry import register_method
+from methods.registry import register_method
+from specbench.drafting.acceptance_head import head_file, load_head, train_command
+from specbench.drafting.draft_model import DraftModelSettings, ModelDrafter
+from specbench.errors import ConfigError
 
 
 @dataclass
@@ -58,10 +58,8 @@ class SpecDecPP(ModelDrafter):
     Config = SpecDecPPConfig
     needs_last_hidden = True
 
-    def __init__(self, config: SpecDecPPConfig | None = None, *, vocab_size: int, seed: int = 0, tokenizer=None,
-                 context=None):
-        super().__init__(config or SpecDecPPConfig(), vocab_size=vocab_size, seed=seed, tokenizer=tokenizer,
-                         context=context)
+    def __init__(self, config: SpecDecPPConfig | None = None, **kwargs) -> None:
+        super().__init__(config, **kwargs)
         target = self.context.target_name
         greedy = self.params.greedy
         path = self.config.head(target, greedy)

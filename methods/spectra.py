@@ -2,11 +2,11 @@
 
 One step, one forward:
 
-1. SPECTRA-CORE's guesses (:class:`specbench.spectra_engine.SpectraCoreEngine`:
+1. SPECTRA-CORE's guesses (:class:`specbench.drafting.spectra_engine.SpectraCoreEngine`:
    the backward-dictionary guess, then S_fwd[last token]; sources ``bwd_dict``
    and ``fwd_dict``), at most G;
 2. the rest of the budget, G minus what CORE proposed, filled with the best
-   retrieval guesses (:func:`specbench.retrieval.retrieval_guesses`: the
+   retrieval guesses (:func:`specbench.drafting.retrieval.retrieval_guesses`: the
    continuations of the longest context suffix found in the datastore, ranked
    by a prefix-weighted trie; source ``retrieval``), each cut to
    ``max_continuation`` tokens and to what the generation may still take.
@@ -33,7 +33,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from time import perf_counter
 
-from specbench.draft import (
+from methods.registry import register_method
+from specbench.core.draft import (
     SOURCE_BWD,
     SOURCE_FWD,
     SOURCE_RETRIEVAL,
@@ -42,9 +43,8 @@ from specbench.draft import (
     ScopedMemory,
     VerifyResult,
 )
-from specbench.registry import register_method
-from specbench.retrieval import RetrievalConfig, StoreDrafter, retrieval_guesses
-from specbench.spectra_engine import CoreSettings, SpectraCoreEngine
+from specbench.drafting.retrieval import RetrievalConfig, StoreDrafter, retrieval_guesses
+from specbench.drafting.spectra_engine import CoreSettings, SpectraCoreEngine
 
 
 @dataclass
@@ -64,15 +64,14 @@ class Spectra(ScopedMemory, StoreDrafter):
     Config = SpectraConfig
     AUX_FEEDS = (SOURCE_FWD, SOURCE_BWD)
 
-    def __init__(self, config: SpectraConfig | None = None, *, vocab_size: int, seed: int = 0, tokenizer=None):
-        super().__init__(config or SpectraConfig(), vocab_size=vocab_size, seed=seed, tokenizer=tokenizer)
-        self.engine = SpectraCoreEngine(self.config, seed)
+    def __init__(self, config: SpectraConfig | None = None, **kwargs) -> None:
+        super().__init__(config, **kwargs)
+        self.engine = SpectraCoreEngine(self.config, self.seed)
 
     def forget(self) -> None:
         self.engine.forget()
 
     def start(self, prompt_ids: list[int]) -> None:
-        self.begin_turn()
         self.engine.start(prompt_ids, keep=True)
 
     def guesses(self, state: DecodeState) -> tuple[list[list[int]], list[str], float]:

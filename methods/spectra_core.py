@@ -1,6 +1,6 @@
 """SPECTRA-CORE (Le, Do, Nguyen 2025): internal speculation from two n-gram dictionaries.
 
-State (see :mod:`specbench.ngram_dicts`): a forward dictionary S_fwd (token →
+State (see :mod:`specbench.drafting.ngram_dicts`): a forward dictionary S_fwd (token →
 continuations), a backward dictionary S_bwd (tokens → next token) and a
 candidate pool of W sequences of N−1 tokens, decoded as auxiliary nodes in the
 same forward as the guesses. Each step:
@@ -34,32 +34,13 @@ same forward as the guesses. Each step:
    step) ≈ 4 on Llama-2-7B says the rule cannot be costing much acceptance.
    ``literal_key`` replaces the argmax by a token that has never started an
    S_fwd entry in 90% of the rows: the pool stops following the model and
-   τ drops (table below). ``literal_ngram`` keeps r > τ and costs nothing
+   τ drops (bench/README.md). ``literal_ngram`` keeps r > τ and costs nothing
    where the model's top continuation is new; it diversifies exactly where
    the argmax would only re-insert an n-gram already stored, which is the
    reading of "coverage" that is consistent with both. The rule reads S_fwd
    as it was before this step's updates.
 
-   τ (tokens per step) on SmolLM2, greedy, 128 tokens, one prompt each of
-   MT-Bench, GSM8K and HumanEval, paper (N 5, W 15, G 15) and CPU (N 4, W 5,
-   G 5) budgets, τ = 0.1 (``bench/coverage_readings.py``):
-
-   | budget | dtype | prompts | epsilon | literal_key | literal_ngram |
-   | --- | --- | --- | --- | --- | --- |
-   | paper | fp32 | gsm8k | 2.13 | 1.29 | 2.17 |
-   | paper | fp32 | mtbench | 1.83 | 1.27 | 1.73 |
-   | paper | bf16 | gsm8k | 2.06 | 1.29 | 2.13 |
-   | paper | bf16 | humaneval | 1.68 | 1.17 | 1.56 |
-   | paper | bf16 | mtbench | 1.91 | 1.31 | 2.29 |
-   | cpu | fp32 | gsm8k | 1.56 | 1.25 | 1.45 |
-   | cpu | fp32 | mtbench | 1.42 | 1.10 | 1.25 |
-   | cpu | bf16 | gsm8k | 1.80 | 1.23 | 1.64 |
-   | cpu | bf16 | humaneval | 1.38 | 1.17 | 1.17 |
-   | cpu | bf16 | mtbench | 1.58 | 1.23 | 1.60 |
-
-   ``literal_key`` costs 0.2–0.9 tokens per step on every row;
-   ``literal_ngram`` is near ``epsilon`` at the paper budget (above on three
-   rows of five) and 0.1–0.2 below it at the CPU budget (one prompt per row).
+   How much each reading costs in τ is measured in bench/README.md ("Coverage readings").
 
 4. Every completed sequence c_0..c_{N-1} updates both dictionaries (with or
    without sub-n-grams), then every sequence shifts left by one.
@@ -81,14 +62,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specbench.draft import SOURCE_BWD, SOURCE_FWD, DecodeState, Draft, Drafter, ScopedMemory, VerifyResult
-from specbench.registry import register_method
-from specbench.spectra_engine import CoreSettings, SpectraCoreEngine
+from methods.registry import register_method
+from specbench.core.draft import (
+    SOURCE_BWD,
+    SOURCE_FWD,
+    DecodeState,
+    Draft,
+    Drafter,
+    ScopedMemory,
+    VerifyResult,
+)
+from specbench.drafting.spectra_engine import CoreSettings, SpectraCoreEngine
 
 
 @dataclass
 class SpectraCoreConfig(CoreSettings):
-    """The engine's settings (:class:`specbench.spectra_engine.CoreSettings`), nothing more."""
+    """The engine's settings (:class:`specbench.drafting.spectra_engine.CoreSettings`), nothing more."""
 
 
 @register_method
@@ -97,18 +86,15 @@ class SpectraCore(ScopedMemory, Drafter):
     Config = SpectraCoreConfig
     AUX_FEEDS = (SOURCE_FWD, SOURCE_BWD)  # the candidate pool fills both dictionaries
 
-    def __init__(self, config=None, *, vocab_size: int, seed: int = 0, tokenizer=None) -> None:
-        config = config or SpectraCoreConfig()
-        config.validate()
-        super().__init__(config, vocab_size=vocab_size, seed=seed, tokenizer=tokenizer)
-        self.engine = SpectraCoreEngine(config, seed)
+    def __init__(self, config: SpectraCoreConfig | None = None, **kwargs) -> None:
+        super().__init__(config, **kwargs)
+        self.engine = SpectraCoreEngine(self.config, self.seed)
         self.dicts, self.pool = self.engine.dicts, self.engine.pool
 
     def forget(self) -> None:
         self.engine.forget()
 
     def start(self, prompt_ids: list[int]) -> None:
-        self.begin_turn()
         self.engine.start(prompt_ids, keep=True)
 
     def guesses(self, tokens: list[int]) -> tuple[list[list[int]], list[str]]:

@@ -2,7 +2,7 @@
 
 The same lookup as REST (longest context suffix in a token datastore, the
 continuations of its occurrences in a prefix-weighted trie), over a store
-refined by perplexity: :mod:`specbench.refine` scores every corpus sequence
+refined by perplexity: :mod:`specbench.stores.refine` scores every corpus sequence
 under the target model, keeps the lowest-perplexity ones and indexes those
 (``make datastore-refine``). ``refine: false`` reads the unrefined store
 instead, so the rows with and without refinement are one setting apart.
@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specbench.draft import SOURCE_RETRIEVAL, Draft
-from specbench.registry import register_method
-from specbench.retrieval import RetrievalConfig, StoreDrafter
-from specbench.trie import WeightedTrie
+from methods.registry import register_method
+from specbench.core.draft import SOURCE_RETRIEVAL, Draft
+from specbench.drafting.retrieval import RetrievalConfig, StoreDrafter
+from specbench.drafting.trie import WeightedTrie
 
 
 @dataclass
@@ -39,10 +39,6 @@ class SpectraRetrievalConfig(RetrievalConfig):
 class SpectraRetrieval(StoreDrafter):
     name = "spectra_retrieval"
     Config = SpectraRetrievalConfig
-
-    def __init__(self, config: SpectraRetrievalConfig | None = None, *, vocab_size: int, seed: int = 0,
-                 tokenizer=None):
-        super().__init__(config or SpectraRetrievalConfig(), vocab_size=vocab_size, seed=seed, tokenizer=tokenizer)
 
     def draft(self, trie: WeightedTrie) -> Draft:
         seqs = trie.sequences(self.config.max_guesses)

@@ -5,11 +5,11 @@ its distribution ``q`` (temperature, top-k and top-p applied as to the
 target); the target scores all of them in one forward; verification accepts
 token ``i`` with probability ``min(1, p_i(x_i) / q_i(x_i))`` and at the first
 rejection samples from ``norm(max(p - q, 0))`` (the shared rule in
-``specbench/sampling.py``), which keeps the target's distribution exactly.
+``specbench/core/acceptance.py``), which keeps the target's distribution exactly.
 Greedy is the one-hot case: the draft's argmax, accepted when it is the
 target's argmax.
 
-The draft (``specbench/draft_model.py``) keeps its own KV cache in step with
+The draft (``specbench/drafting/draft_model.py``) keeps its own KV cache in step with
 the committed tokens: after a rejection its entries for the rejected tokens are
 cropped and the target's token is fed at the next step.
 
@@ -23,15 +23,8 @@ Which draft, ``draft_model``:
 * ``self`` (default, the only choice with one model): the target's first
   ``self_first_layers`` layers plus its final norm and LM head, or the target
   without ``self_skip_layers`` (used when ``self_first_layers`` is null).
-  The default skips layers 12-15 of SmolLM2's 30. Measured on SmolLM2-135M
-  (fp32, 8 prompts, teacher-forced on the target's greedy answers), no layer
-  choice pays off there: the first k layers agree with the target's argmax
-  on 0.07-0.15 of positions for k = 4-15 and 0.66 at 29; keeping late layers
-  after many skipped ones is worse still; skipping 12-15 agrees on 0.70
-  (α at T = 1: 0.61). Its expected speedup (Leviathan et al., cost ratio
-  from parameter counts: the LM head weighs as much as ~8 layers) is the
-  highest measured, 0.90. Other models need their own measurement (table
-  in the README, "Draft-model methods").
+  The default skips layers 12-15 of SmolLM2's 30, the best layer choice measured on SmolLM2
+  (bench/README.md, "Self-draft layers"); other models need their own measurement.
 
 Drafts are chains (never trees of i.i.d. siblings); ``k`` is capped by the
 tokens the generation may still take.
@@ -41,8 +34,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specbench.draft_model import DraftModelSettings, ModelDrafter
-from specbench.registry import register_method
+from methods.registry import register_method
+from specbench.drafting.draft_model import DraftModelSettings, ModelDrafter
 
 
 @dataclass
@@ -59,11 +52,6 @@ class SpSConfig(DraftModelSettings):
 class SpeculativeSampling(ModelDrafter):
     name = "sps"
     Config = SpSConfig
-
-    def __init__(self, config: SpSConfig | None = None, *, vocab_size: int, seed: int = 0, tokenizer=None,
-                 context=None):
-        super().__init__(config or SpSConfig(), vocab_size=vocab_size, seed=seed, tokenizer=tokenizer,
-                         context=context)
 
     @classmethod
     def preflight(cls, config: SpSConfig, run_cfg) -> None:

@@ -31,7 +31,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specbench.draft import (
+from methods.registry import register_method
+from specbench.core.draft import (
     SOURCE_HISTORY,
     SOURCE_PROMPT,
     DecodeState,
@@ -40,8 +41,7 @@ from specbench.draft import (
     ScopedMemory,
     check_memory,
 )
-from specbench.registry import register_method
-from specbench.suffix_tree import SuffixTrie
+from specbench.drafting.suffix_trie import SuffixTrie
 
 
 @dataclass
@@ -62,30 +62,15 @@ class SuffixConfig:
         check_memory("suffix", self.memory)
 
 
-def cut_depth(tokens: list[int], parents: list[int], max_depth: int) -> tuple[list[int], list[int], list[int]]:
-    """Drop the nodes deeper than ``max_depth`` (parents precede children); returns the kept indices too."""
-    depth, new_index, kept_t, kept_p, kept = [], {}, [], [], []
-    for i, p in enumerate(parents):
-        depth.append(1 if p < 0 else depth[p] + 1)
-        if depth[i] <= max_depth:
-            new_index[i] = len(kept_t)
-            kept_t.append(tokens[i])
-            kept_p.append(-1 if p < 0 else new_index[p])
-            kept.append(i)
-    return kept_t, kept_p, kept
-
-
 @register_method
 class SuffixDecoding(ScopedMemory, Drafter):
     name = "suffix"
     Config = SuffixConfig
 
-    def __init__(self, config: SuffixConfig | None = None, *, vocab_size: int, seed: int = 0, tokenizer=None):
-        config = config or SuffixConfig()
-        config.validate()
-        super().__init__(config, vocab_size=vocab_size, seed=seed, tokenizer=tokenizer)
-        self.global_trie = SuffixTrie(config.max_depth)
-        self.local = SuffixTrie(config.max_depth)
+    def __init__(self, config: SuffixConfig | None = None, **kwargs) -> None:
+        super().__init__(config, **kwargs)
+        self.global_trie = SuffixTrie(self.config.max_depth)
+        self.local = SuffixTrie(self.config.max_depth)
         self.local_seq = self.local.new_sequence()
         self.global_seq = self.global_trie.new_sequence()
         self.seen = 0  # tokens of the current generation already in the tries
@@ -95,7 +80,6 @@ class SuffixDecoding(ScopedMemory, Drafter):
         self.global_trie = SuffixTrie(self.config.max_depth)
 
     def start(self, prompt_ids: list[int]) -> None:
-        self.begin_turn()
         self.local = SuffixTrie(self.config.max_depth)
         self.local_seq = self.local.new_sequence()
         self.local.extend(self.local_seq, prompt_ids)
@@ -122,7 +106,6 @@ class SuffixDecoding(ScopedMemory, Drafter):
         local = self.local.speculate(context, **kwargs)
         hist = self.global_trie.speculate(context, **kwargs)
         spec, source = (local, SOURCE_PROMPT) if local.score >= hist.score else (hist, SOURCE_HISTORY)
-        tokens, parents, _ = cut_depth(spec.tokens, spec.parents, state.max_depth)
-        if not tokens:
-            return None
-        return Draft(tokens=tokens, parents=parents, sources=[source] * len(tokens))
+        draft = Draft(tokens=spec.tokens, parents=spec.parents, sources=[source] * len(spec.tokens))
+        draft = draft.cut(state.max_depth)
+        return draft if len(draft) else None

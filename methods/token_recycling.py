@@ -3,7 +3,7 @@
 Every forward computes the target's next-token distribution after the root and
 after every guess; speculative decoding keeps one token of each and throws the
 rest away. Token Recycling keeps the top-k (k = 8) of every such row in a
-candidate matrix (``specbench.recycling.CandidateMatrix``: token -> its latest
+candidate matrix (``specbench.drafting.recycling.CandidateMatrix``: token -> its latest
 candidates, overwritten by each forward) and each step fills a static
 breadth-first tree template from it, starting at the root: the root's
 candidates, their candidates, and so on, with more children and depth for the
@@ -33,17 +33,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specbench.draft import (
-    SOURCE_RECYCLE,
-    DecodeState,
-    Draft,
-    Drafter,
-    ScopedMemory,
-    VerifyResult,
-    check_memory,
-)
-from specbench.recycling import TREES, CandidateMatrix, TreeTemplate
-from specbench.registry import register_method
+from methods.registry import register_method
+from specbench.core.draft import DecodeState, Draft, Drafter, ScopedMemory, VerifyResult, check_memory
+from specbench.drafting.recycling import Recycler, check_tree
 
 
 @dataclass
@@ -53,14 +45,8 @@ class TokenRecyclingConfig:
     memory: str = "run"  # how long the matrix lives: turn | sample | run (the paper's hot start)
 
     def validate(self) -> None:
-        if self.topk < 1:
-            raise ValueError(f"token_recycling: topk must be >= 1, got {self.topk}")
-        if self.tree not in TREES:
-            raise ValueError(f"token_recycling: tree must be one of {', '.join(TREES)}, got '{self.tree}'")
+        check_tree("token_recycling", self.tree, self.topk)
         check_memory("token_recycling", self.memory)
-        need = TreeTemplate(TREES[self.tree]).max_rank
-        if need > self.topk:
-            raise ValueError(f"token_recycling: tree '{self.tree}' reads rank {need - 1}; topk must be >= {need}")
 
 
 @register_method
@@ -68,30 +54,17 @@ class TokenRecycling(ScopedMemory, Drafter):
     name = "token_recycling"
     Config = TokenRecyclingConfig
 
-    def __init__(
-        self, config: TokenRecyclingConfig | None = None, *, vocab_size: int, seed: int = 0, tokenizer=None
-    ):
-        config = config or TokenRecyclingConfig()
-        config.validate()
-        super().__init__(config, vocab_size=vocab_size, seed=seed, tokenizer=tokenizer)
-        self.template = TreeTemplate(TREES[config.tree])
-        self.matrix = CandidateMatrix(vocab_size, config.topk)
-        self.root = -1
+    def __init__(self, config: TokenRecyclingConfig | None = None, **kwargs) -> None:
+        super().__init__(config, **kwargs)
+        self.recycler = Recycler(self.vocab_size, self.config.topk, self.config.tree)
+
+    matrix = property(lambda self: self.recycler.matrix)  # for inspection
 
     def forget(self) -> None:
-        self.matrix.clear()
-
-    def start(self, prompt_ids: list[int]) -> None:
-        self.begin_turn()
+        self.recycler.clear()
 
     def propose(self, state: DecodeState) -> Draft | None:
-        self.root = state.tokens[-1]
-        if state.max_depth < 1:
-            return None
-        tokens, parents = self.template.fill(self.matrix, self.root, state.max_depth)
-        if not tokens:
-            return None
-        return Draft(tokens=tokens, parents=parents, sources=[SOURCE_RECYCLE] * len(tokens))
+        return self.recycler.propose(state.tokens[-1], state.max_depth)
 
     def update(self, result: VerifyResult) -> None:
-        self.matrix.update([self.root, *result.draft.tokens], result.logits)
+        self.recycler.update(result)

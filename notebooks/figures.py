@@ -30,8 +30,9 @@ from pathlib import Path
 import pandas as pd
 from IPython.display import Image, display
 
-from specbench import report
-from specbench.metrics import acceptance_by_source
+from specbench.results import metrics
+from specbench.results.metrics import acceptance_by_source
+from specbench.tables import figures, render, report
 
 ROOT = Path.cwd() if (Path.cwd() / "conf").is_dir() else Path.cwd().parent
 RESULTS = Path(os.environ.get("SPECBENCH_RESULTS", ROOT / "results"))
@@ -44,9 +45,9 @@ print("results:", RESULTS, "| figures:", OUT)
 # %%
 fig3 = report.load_experiment(RESULTS, "figure3")
 if len(fig3):
-    rates = acceptance_by_source(report.with_preset(fig3[fig3["method"] != "autoregressive"]), by=("preset",))
+    rates = acceptance_by_source(metrics.with_preset(fig3[fig3["method"] != "autoregressive"]), by=("preset",))
     display(rates)
-paths3 = report.figure3(fig3, OUT)
+paths3 = figures.figure3(fig3, OUT)
 display(Image(filename=str(paths3[0])))
 
 # %% [markdown]
@@ -56,11 +57,11 @@ display(Image(filename=str(paths3[0])))
 
 # %%
 fig4 = report.load_experiment(RESULTS, "figure4")
-summary4 = report.our_summary(fig4)
+summary4 = render.our_summary(fig4)
 if len(summary4):
-    print(report.which_ran(summary4[summary4["method"] != "autoregressive"]))
+    print(figures.which_ran(summary4[summary4["method"] != "autoregressive"]))
     display(summary4[["preset", "attn_implementation", "speedup", "tau", "n_paired"]])
-paths4 = report.figure4(fig4, OUT)
+paths4 = figures.figure4(fig4, OUT)
 display(Image(filename=str(paths4[0])))
 
 # %% [markdown]
@@ -68,8 +69,8 @@ display(Image(filename=str(paths4[0])))
 
 # %%
 fig6 = report.load_experiment(RESULTS, "figure6")
-curves = report.cumulative_tokens(fig6) if len(fig6) else pd.DataFrame()
+curves = figures.cumulative_tokens(fig6) if len(fig6) else pd.DataFrame()
 if len(curves):
     display(curves.groupby(["dataset", "preset"])["step"].max().rename("steps to finish (mean curve)"))
-paths6 = report.figure6(fig6, OUT)
+paths6 = figures.figure6(fig6, OUT)
 display(Image(filename=str(paths6[0])))

@@ -26,10 +26,10 @@ import torch
 from scipy.stats import chisquare
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from specbench.decode import generate
-from specbench.draft import DecodeState, Drafter
-from specbench.sampling import SamplingParams, target_probs
-from specbench.verify import Target
+from specbench.core.acceptance import SamplingParams, target_probs
+from specbench.core.decode import generate
+from specbench.core.draft import DecodeState, Drafter
+from specbench.core.forward import Target
 
 SMALL_VOCAB = 8
 ALPHA = 1e-3
@@ -58,12 +58,12 @@ def assert_greedy_lossless(
     budget=None,
 ) -> list:
     """Each prompt's greedy output with the method equals autoregressive output. Returns the records.
-    ``budget``: a :class:`specbench.budget.AutoBudget` that trims every draft (budget=auto)."""
+    ``budget``: a :class:`specbench.budget.planner.AutoBudget` that trims every draft (budget=auto)."""
     records = []
     for prompt in prompts:
         expected = autoregressive_output(target, prompt, max_new_tokens, eos)
         rec = generate(target, make_drafter(), prompt, max_new_tokens=max_new_tokens, eos_token_ids=eos,
-                       budget=budget)
+                       planner=budget)
         assert rec.output_ids == expected, f"diverged at token {_first_diff(rec.output_ids, expected)}"
         records.append(rec)
     return records
@@ -210,7 +210,7 @@ def assert_sampling_preserves_distribution(
     depths: Counter = Counter()
     for _ in range(trials):
         rec = generate(target, make_drafter(), prompt, max_new_tokens=length + extra, sampling=params,
-                       generator=gen, budget=make_budget() if make_budget else None)
+                       generator=gen, planner=make_budget() if make_budget else None)
         counts[tuple(rec.output_ids[:length])] += 1
         depths[compared_depth(rec, length)] += 1
     deepest = max(depths)

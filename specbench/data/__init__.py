@@ -28,9 +28,10 @@ import random
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from specbench.registry import UnknownNameError, suggest
+from specbench.errors import DatasetUnavailableError, UnknownNameError, suggest
+from specbench.paths import setting
 
-from .base import DatasetDef, DatasetUnavailableError, Sample, SampleSkipped, setting
+from .base import DatasetDef, Sample, SampleSkipped
 from .chat import MTBench, Prompts, SpecBench
 from .coding import MBPP, ClassEval, HumanEval
 from .gsm8k import GSM8K

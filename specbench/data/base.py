@@ -23,21 +23,14 @@ dataset setting ``chat`` (``null`` = follow the caller) overrides the caller.
 
 from __future__ import annotations
 
-import gzip
-import importlib.metadata
-import json
-import os
-import socket
-from collections.abc import Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
-
-class DatasetUnavailableError(ValueError):
-    """A dataset cannot be read from its configured source; the message is one line naming the fix."""
+from specbench import hub
+from specbench.data.readers import hub_cached, hub_load, read_records
+from specbench.errors import DatasetUnavailableError
+from specbench.paths import package_file, setting
 
 
 class SampleSkipped(Exception):
@@ -53,224 +46,6 @@ class Sample:
     turns: list[str]  # user messages, one per turn (MT-Bench: 2; others: 1)
     reference: str | None = None  # reference summary / answer, for quality metrics
     meta: dict = field(default_factory=dict)  # e.g. category, tests, entry_point, source
-
-
-def setting(cfg: Any, key: str, default: Any = None) -> Any:
-    """``cfg[key]`` for a mapping (dict, DictConfig) or attribute object; ``default`` if absent or null."""
-    if cfg is None:
-        return default
-    if isinstance(cfg, Mapping):
-        value = cfg.get(key, None)
-    else:
-        value = getattr(cfg, key, None)
-    return default if value is None else value
-
-
-# ---------------------------------------------------------------- local files
-
-
-def read_records(path: str | os.PathLike) -> list[dict]:
-    """Rows of a JSONL, JSON or parquet file (optionally gzipped JSON/JSONL), as dicts.
-
-    JSON may hold a list of records, a mapping of columns (equal-length lists),
-    a mapping id → record, or one of those under ``data`` / ``rows`` / ``examples``.
-    A malformed file raises :class:`DatasetUnavailableError` naming the file and line.
-    """
-    p = Path(path).expanduser()
-    name = p.name.lower()
-    if name.endswith(".parquet"):
-        import pyarrow.parquet as pq
-
-        try:
-            return pq.read_table(p).to_pylist()
-        except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
-            raise DatasetUnavailableError(
-                f"{p} is not a readable parquet file ({str(err).splitlines()[0][:120]}): "
-                "re-create it or point dataset.path at a good copy"
-            ) from None
-    opener = gzip.open if name.endswith(".gz") else open
-    try:
-        with opener(p, "rt", encoding="utf-8") as f:
-            text = f.read()
-    except (UnicodeDecodeError, OSError, EOFError) as err:
-        raise DatasetUnavailableError(f"{p} cannot be read as UTF-8 text ({err}): check the file") from None
-    stem = name[:-3] if name.endswith(".gz") else name
-    if stem.endswith(".jsonl") or stem.endswith(".ndjson"):
-        return _json_lines(text, p)
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        first = next((line for line in text.splitlines() if line.strip()), "")
-        try:
-            json.loads(first)
-        except json.JSONDecodeError:  # one JSON document with a syntax error
-            raise DatasetUnavailableError(
-                f"{p} line {err.lineno} is not valid JSON ({err.msg}): fix the file"
-            ) from None
-        return _json_lines(text, p)  # JSON Lines under another extension
-    return _records_from_json(data, p)
-
-
-def _json_lines(text: str, p: Path) -> list[dict]:
-    records = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as err:
-            raise DatasetUnavailableError(
-                f"{p} line {number} is not valid JSON ({err.msg}): fix or remove that line"
-            ) from None
-    return records
-
-
-def _records_from_json(data: Any, p: Path) -> list[dict]:
-    if isinstance(data, list):
-        return data
-    if isinstance(data, dict):
-        for key in ("data", "rows", "examples", "test"):
-            if isinstance(data.get(key), list):
-                return data[key]
-        values = list(data.values())
-        if values and all(isinstance(v, list) for v in values) and len({len(v) for v in values}) == 1:
-            keys = list(data)
-            return [dict(zip(keys, row, strict=True)) for row in zip(*values, strict=True)]
-        if values and all(isinstance(v, dict) for v in values):
-            return values
-    raise DatasetUnavailableError(
-        f"{p}: expected a list of records, a mapping of columns or of records: check the file's layout"
-    )
-
-
-# ---------------------------------------------------------------- packages
-
-
-def package_file(dist_name: str, relpath: str) -> Path | None:
-    """A file inside an installed distribution (found via its RECORD, never imported), or None."""
-    try:
-        dist = importlib.metadata.distribution(dist_name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    for f in dist.files or []:
-        if str(f).replace("\\", "/") == relpath:
-            p = Path(dist.locate_file(f))
-            return p if p.is_file() else None
-    p = Path(dist.locate_file(relpath))
-    return p if p.is_file() else None
-
-
-# ---------------------------------------------------------------- the hub
-
-_TRUE = {"1", "ON", "YES", "TRUE"}
-_PROBES: dict[str, bool] = {}
-
-
-def hub_offline_forced() -> bool:
-    """True when the environment puts the hub offline (read at call time, unlike the libraries)."""
-    return any(
-        os.environ.get(var, "").upper() in _TRUE
-        for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
-    )
-
-
-def hub_reachable(timeout: float = 3.0) -> bool:
-    """Whether the hub endpoint accepts a TCP connection (probed once per process), unless forced offline."""
-    if hub_offline_forced():
-        return False
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-    if endpoint not in _PROBES:
-        url = urlparse(endpoint)
-        port = url.port or (443 if url.scheme == "https" else 80)
-        try:
-            socket.create_connection((url.hostname, port), timeout=timeout).close()
-            _PROBES[endpoint] = True
-        except OSError:
-            _PROBES[endpoint] = False
-    return _PROBES[endpoint]
-
-
-def _datasets():
-    try:
-        import datasets
-    except ImportError as e:
-        raise DatasetUnavailableError(
-            "the Hugging Face `datasets` library is not installed: run: pip install datasets, "
-            "or set dataset.path to a local copy"
-        ) from e
-    return datasets
-
-
-def hub_cache_root(hub_id: str, cache_dir: str | None = None) -> Path:
-    """Where ``datasets`` keeps its prepared copy of ``hub_id`` (``<cache>/<owner>___<name>``)."""
-    datasets = _datasets()
-    from datasets.naming import camelcase_to_snakecase
-
-    parts = hub_id.split("/")
-    parts[-1] = camelcase_to_snakecase(parts[-1])
-    root = cache_dir or datasets.config.HF_DATASETS_CACHE
-    return Path(root).expanduser() / "___".join(parts)
-
-
-def hub_cached(hub_id: str, cache_dir: str | None = None, config: str | None = None) -> bool:
-    """Whether a prepared copy of ``hub_id`` (of ``config``, if given) is in the datasets cache."""
-    root = hub_cache_root(hub_id, cache_dir)
-    return any(p.is_dir() for p in root.glob(f"{config or ''}*/*/*"))
-
-
-@contextmanager
-def _offline_mode():
-    """Put ``datasets`` and ``huggingface_hub`` offline for one call (their flags are read at import)."""
-    datasets = _datasets()
-    import huggingface_hub.constants as hub_constants
-
-    saved = (datasets.config.HF_HUB_OFFLINE, hub_constants.HF_HUB_OFFLINE)
-    datasets.config.HF_HUB_OFFLINE = hub_constants.HF_HUB_OFFLINE = True
-    try:
-        yield
-    finally:
-        datasets.config.HF_HUB_OFFLINE, hub_constants.HF_HUB_OFFLINE = saved
-
-
-SCRIPT_FALLBACK_REVISION = "refs/convert/parquet"
-
-
-def hub_load(
-    hub_id: str, config: str | None, split: str, revision: str | None, cache_dir: str | None, unavailable: str
-) -> list[dict]:
-    """Rows of one split through ``datasets.load_dataset``; ``unavailable`` is the error for a missing copy.
-
-    A repository that still holds a loading script (which ``datasets`` >= 4 refuses)
-    is retried once on the hub's automatic parquet conversion, ``refs/convert/parquet``.
-    """
-    datasets = _datasets()
-    kwargs: dict[str, Any] = {"split": split, "cache_dir": cache_dir}
-    if revision:
-        kwargs["revision"] = revision
-    if not hub_reachable():
-        if not hub_cached(hub_id, cache_dir, config):
-            raise DatasetUnavailableError(unavailable)
-        try:
-            with _offline_mode():
-                ds = datasets.load_dataset(hub_id, config, **kwargs)
-        except (ConnectionError, FileNotFoundError, ValueError) as e:
-            detail = (str(e).splitlines() or [""])[0][:200]
-            raise DatasetUnavailableError(f"{unavailable} ({type(e).__name__}: {detail})") from e
-        return [dict(r) for r in ds]
-    try:
-        ds = datasets.load_dataset(hub_id, config, **kwargs)
-    except RuntimeError as e:
-        if revision or "scripts are no longer supported" not in str(e):
-            raise
-        kwargs["revision"] = SCRIPT_FALLBACK_REVISION
-        ds = datasets.load_dataset(hub_id, config, **kwargs)
-    except (ConnectionError, FileNotFoundError) as e:
-        detail = (str(e).splitlines() or [""])[0][:200]
-        fix = unavailable.split(": ", 1)[-1]  # the "set dataset.path=..., or run: ..." part
-        raise DatasetUnavailableError(
-            f"loading '{hub_id}' from the hub failed ({type(e).__name__}: {detail}): {fix}"
-        ) from e
-    return [dict(r) for r in ds]
 
 
 # ---------------------------------------------------------------- definitions
@@ -386,7 +161,7 @@ class DatasetDef:
             self._check_package()
         elif source == "hub":
             hub_id, config, _, _ = self.hub_args(cfg)
-            if not hub_reachable() and not hub_cached(hub_id, setting(cfg, "cache_dir"), config):
+            if not hub.reachable() and not hub_cached(hub_id, setting(cfg, "cache_dir"), config):
                 raise DatasetUnavailableError(self.unavailable_message(cfg))
 
     def _check_path(self, path: Path) -> None:

@@ -36,7 +36,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .base import DatasetDef, Sample, setting
+from specbench.paths import setting
+
+from .base import DatasetDef, Sample
 from .quality import code_block, cut_completion, run_program
 
 

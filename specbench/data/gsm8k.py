@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import DatasetDef, Sample, setting
+from specbench.paths import setting
+
+from .base import DatasetDef, Sample
 from .quality import gsm8k_correct
 
 

@@ -26,7 +26,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .base import DatasetDef, Sample, SampleSkipped, setting
+from specbench.paths import setting
+
+from .base import DatasetDef, Sample, SampleSkipped
 from .quality import rouge
 
 _CONTEXT = "You are an intelligent chatbot. Answer the questions only using the following context:"

@@ -1,0 +1,196 @@
+"""What one verification forward costs on this machine: t(q, context) for the model in use.
+
+A tree method's step sends ``q`` tokens (the root, the guesses, the auxiliary
+nodes) after a context of ``c`` tokens. On a GPU at batch 1, q = 120 costs
+about what q = 1 does; on a CPU the cost grows with q, and in half precision
+without native kernels it grows steeply. ``budget=auto`` (:mod:`specbench.budget.planner`)
+sizes each step's block from this curve.
+
+:func:`measure` times ``Target.forward_draft`` itself (a tree block through the
+custom mask, every row's logits, then the cache cropped back), for a few block
+sizes at two context lengths, after a warm-up, the device synchronised around
+each forward. It keeps the fastest of a few repeats (other work on the machine
+only ever adds time) and then makes each row non-decreasing in q (pool adjacent
+violators: a block never costs less than a smaller one). :class:`CostModel`
+interpolates linearly in q and in c (and extends the last slope beyond the
+largest q measured). Curves are cached per machine, software, model, dtype and
+attention implementation under ``$SPECBENCH_CACHE/costs/``; runs store the curve
+they used in their provenance.
+
+``python -m specbench.costs`` prints the curve (:mod:`specbench.cli.costs`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from time import perf_counter
+from typing import Any
+
+import torch
+
+from specbench.core.draft import Draft
+
+QS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)  # block sizes timed: dense where CPU kernels step (bench/README.md)
+CONTEXTS = (128, 1024)
+COST_DIR = "costs"
+MEASURE_VERSION = 3  # part of the cache key: a changed measurement invalidates cached curves
+
+
+@dataclass
+class CostModel:
+    """Seconds per forward, ``seconds[i][j]`` for ``contexts[i]`` and ``qs[j]``."""
+
+    qs: list[int]
+    contexts: list[int]
+    seconds: list[list[float]]
+    device_name: str = ""
+    key: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.qs or not self.contexts or len(self.seconds) != len(self.contexts):
+            raise ValueError("cost model: need one row of seconds per context length")
+        if any(len(row) != len(self.qs) for row in self.seconds):
+            raise ValueError("cost model: need one time per block size in every row")
+        if list(self.qs) != sorted(set(self.qs)) or list(self.contexts) != sorted(set(self.contexts)):
+            raise ValueError("cost model: block sizes and context lengths must increase")
+
+    def _row(self, i: int, q: float) -> float:
+        qs, row = self.qs, self.seconds[i]
+        if len(qs) == 1:
+            return row[0]
+        j = min(max(bisect.bisect_right(qs, q) - 1, 0), len(qs) - 2)  # the segment (extended at both ends)
+        slope = (row[j + 1] - row[j]) / (qs[j + 1] - qs[j])
+        return max(row[j] + slope * (q - qs[j]), 1e-9)
+
+    def __call__(self, q: float, context: float = 0) -> float:
+        """Estimated seconds of a forward of ``q`` tokens after ``context`` tokens."""
+        cs = self.contexts
+        if len(cs) == 1 or context <= cs[0]:
+            return self._row(0, q)
+        if context >= cs[-1]:
+            return self._row(len(cs) - 1, q)
+        i = bisect.bisect_right(cs, context) - 1
+        w = (context - cs[i]) / (cs[i + 1] - cs[i])
+        return (1 - w) * self._row(i, q) + w * self._row(i + 1, q)
+
+    def relative(self, context: float = 0) -> list[float]:
+        """t(q) / t(1) at each measured q: the price of a block in single steps."""
+        one = self(1, context)
+        return [self(q, context) / one for q in self.qs]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CostModel:
+        return cls(**{k: d[k] for k in ("qs", "contexts", "seconds", "device_name", "key") if k in d})
+
+    @classmethod
+    def flat(cls, seconds: float = 0.02, max_q: int = 128) -> CostModel:
+        """A GPU-like curve: every block up to ``max_q`` costs one step."""
+        return cls(qs=[1, max_q], contexts=[0], seconds=[[seconds, seconds]], device_name="flat")
+
+    def table(self) -> str:
+        head = "context " + " ".join(f"{'q=' + str(q):>8}" for q in self.qs)
+        lines = [head]
+        for c, row in zip(self.contexts, self.seconds, strict=True):
+            lines.append(f"{c:7d} " + " ".join(f"{1000 * s:6.1f}ms" for s in row))
+            lines.append("  ×t(1) " + " ".join(f"{s / row[0]:7.2f}×" for s in row))
+        return "\n".join(lines)
+
+
+def monotone(values: list[float]) -> list[float]:
+    """The closest non-decreasing sequence in least squares (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [sum, count]
+    for v in values:
+        blocks.append([v, 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            s, n = blocks.pop()
+            blocks[-1][0] += s
+            blocks[-1][1] += n
+    return [s / n for s, n in blocks for _ in range(n)]
+
+
+def _tree(q: int, vocab: int, gen: torch.Generator) -> Draft:
+    """``q - 1`` guesses as a tree the size of the block: two branches of chains."""
+    n = q - 1
+    tokens = torch.randint(0, vocab, (n,), generator=gen).tolist()
+    parents = [-1 if i < 2 else i - 2 for i in range(n)]  # two interleaved chains: the mask path
+    return Draft(tokens=tokens, parents=parents, sources=["cost"] * n)
+
+
+@torch.inference_mode()
+def measure(target: Any, vocab_size: int, *, qs=QS, contexts=CONTEXTS, repeats: int = 3, warmup: int = 2,
+            seed: int = 0, progress: bool = False) -> CostModel:
+    """Time ``target.forward_draft`` for every block size and context length (median of ``repeats``)."""
+    from specbench.provenance import device_name
+
+    gen = torch.Generator().manual_seed(seed)
+    seconds: list[list[float]] = []
+    for ctx in contexts:
+        cache = target.new_cache()
+        prompt = torch.randint(0, vocab_size, (max(ctx, 1),), generator=gen).tolist()
+        target.prefill(prompt, cache)
+        past = cache.get_seq_length()
+        row = []
+        for q in qs:
+            draft = _tree(q, vocab_size, gen)
+            times = []
+            for r in range(warmup + repeats):
+                target.sync()
+                t0 = perf_counter()
+                target.forward_draft(prompt[-1], draft, cache)
+                target.sync()
+                if r >= warmup:
+                    times.append(perf_counter() - t0)
+                cache.crop(past - cache.get_seq_length())  # back to the context (negative: tokens to drop)
+            row.append(min(times))
+            if progress:
+                print(f"  context {ctx}, q {q}: {1000 * row[-1]:.1f} ms", file=sys.stderr)
+        seconds.append(monotone(row))
+    return CostModel(list(qs), list(contexts), seconds, device_name=device_name(target.device))
+
+
+def cost_key(model_name: str, dtype: str, attn: str, device: Any) -> str:
+    """Which machine, software and model a curve belongs to."""
+    import transformers
+
+    from specbench.provenance import device_name
+
+    ident = [MEASURE_VERSION, model_name, dtype, attn, device_name(device), torch.__version__,
+             transformers.__version__]
+    return hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:16]
+
+
+def cost_path(key: str, model_name: str, dtype: str) -> Path:
+    from specbench.paths import cache_root
+
+    return cache_root() / COST_DIR / f"{model_name}-{dtype}-{key}.json"
+
+
+def load_or_measure(loaded: Any, model_name: str, dtype: str, attn: str, *, remeasure: bool = False,
+                    progress: bool = False, **measure_kw) -> CostModel:
+    """The cached curve for this machine and model, or a new measurement (saved for next time)."""
+    from specbench.core.forward import Target
+    from specbench.paths import private_tmp
+
+    target = Target(loaded.model)
+    key = cost_key(model_name, dtype, attn, target.device)
+    path = cost_path(key, model_name, dtype)
+    if path.exists() and not remeasure:
+        try:
+            return CostModel.from_dict(json.loads(path.read_text()))
+        except (ValueError, KeyError, TypeError):
+            pass  # an unreadable cache entry is measured again
+    model = measure(target, loaded.vocab_size, progress=progress, **measure_kw)
+    model.key = key
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = private_tmp(path)
+    tmp.write_text(json.dumps(model.to_dict(), indent=1))
+    tmp.replace(path)
+    return model

@@ -1,0 +1,47 @@
+"""``python -m specbench.report`` (also the ``specbench`` command): the paper's tables and figures from results/."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from specbench.errors import ConfigError, one_line_errors
+from specbench.tables.paper import MODEL_CODES
+from specbench.tables.report import write_report
+
+
+def _compare(items: Sequence[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        model, sep, code = item.partition("=")
+        if not sep or code not in MODEL_CODES.values():
+            raise ConfigError(
+                f"--compare-model {item!r}: write <our model>=<paper code>, code one of "
+                f"{', '.join(sorted(set(MODEL_CODES.values())))}"
+            )
+        out[model] = code
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="specbench",
+        description="Tables and figures of the SPECTRA paper from results/, beside the published numbers.",
+    )
+    parser.add_argument("what", nargs="*", default=["all"],
+                        help="table1 … table7, figure3, figure4, figure6, tables, figures or all (default); "
+                             "memory_scopes, spec_bench (Spec-Bench's leaderboard layout; not paper tables)")
+    parser.add_argument("--results", default="results", help="results folder (default: results)")
+    parser.add_argument("--out", default="reports", help="output folder (default: reports)")
+    parser.add_argument("--paper-dir", default=None,
+                        help="folder of the paper's CSV files (default: paper_dir in conf/config.yaml)")
+    parser.add_argument("--spec-bench-dir", default=None,
+                        help="folder of Spec-Bench's leaderboard.csv (default: spec_bench_dir in conf/config.yaml)")
+    parser.add_argument("--compare-model", action="append", default=[], metavar="MODEL=CODE",
+                        help="set a model of ours beside a paper model, e.g. smollm2-135m=L2-7B")
+    args = parser.parse_args(argv)
+    with one_line_errors():
+        paths = write_report(args.what, args.results, args.out, args.paper_dir, _compare(args.compare_model),
+                             args.spec_bench_dir)
+    for p in paths:
+        print(p)

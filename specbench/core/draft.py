@@ -1,0 +1,384 @@
+"""What a drafter proposes, what verification returns, and the drafter protocol.
+
+A step verifies ``[root] + guesses + auxiliary`` in one forward pass, where
+*root* is the last committed token (its KV is not yet in the cache).
+
+* **Guesses** form a tree: ``parents[i]`` is the index of the guess that
+  precedes guess ``i`` (``-1`` = the root). A guess sees the committed prefix,
+  the root and its ancestors, and sits at position ``root_pos + depth``.
+  Siblings are tried in index order (priority order for sampling).
+* **Auxiliary nodes** are not guesses (Lookahead's Jacobi window, SPECTRA's
+  candidate pool): they carry explicit positions (offsets from the root) and
+  an explicit visibility matrix among themselves; they always see the
+  committed prefix and the root, never a guess. Their logits come back to the
+  drafter in :class:`VerifyResult`. They are never accepted and never kept in
+  the cache.
+
+An empty draft is a normal answer: the step is plain autoregressive decoding.
+
+Drafts sampled from a draft model (``draft_probs`` set) are kept as chains:
+two siblings drawn i.i.d. from the same ``q`` are two guesses, never one, so
+:meth:`Draft.from_sequences` (which merges equal prefixes) is for
+deterministic guesses only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+import torch
+
+# Well-known draft sources, for acceptance-by-source statistics.
+SOURCE_PROMPT = "prompt"  # copied from prompt + output (prompt lookup)
+SOURCE_NGRAM = "ngram"  # an n-gram table (ANPD)
+SOURCE_POOL = "pool"  # Lookahead's n-gram pool
+SOURCE_FWD = "fwd_dict"  # SPECTRA forward dictionary
+SOURCE_BWD = "bwd_dict"  # SPECTRA backward dictionary
+SOURCE_RETRIEVAL = "retrieval"  # an external datastore (REST, SPECTRA-RETRIEVAL)
+SOURCE_MODEL = "draft_model"  # a draft language model
+SOURCE_RECYCLE = "recycle"  # candidates the target proposed earlier (Token Recycling's matrix)
+SOURCE_HISTORY = "history"  # earlier outputs of the same run (SuffixDecoding's global tree)
+# Every source's label in reports and figures: a new source is added here, or its figure label is its id.
+SOURCE_LABELS = {
+    SOURCE_PROMPT: "prompt lookup", SOURCE_NGRAM: "n-gram table", SOURCE_POOL: "n-gram pool",
+    SOURCE_FWD: "forward dict", SOURCE_BWD: "backward dict", SOURCE_RETRIEVAL: "retrieval",
+    SOURCE_MODEL: "draft model", SOURCE_RECYCLE: "recycled candidates", SOURCE_HISTORY: "earlier outputs",
+}
+
+# How long what a drafter learns is kept (a method's ``memory`` setting): one generation (a turn),
+# every turn of a sample, or the whole run. See Drafter.begin_sample and Drafter.reset.
+MEMORY_SCOPES = ("turn", "sample", "run")
+
+
+def check_memory(method: str, memory: str) -> None:
+    if memory not in MEMORY_SCOPES:
+        raise ValueError(f"{method}: memory must be one of {', '.join(MEMORY_SCOPES)}, got '{memory}'")
+
+
+class ScopedMemory:
+    """Mixin for drafters whose learned state can outlive a generation. It is kept for
+    ``self.config.memory`` (:data:`MEMORY_SCOPES`); the drafter defines :meth:`forget`, and
+    :meth:`Drafter.new_turn` calls :meth:`begin_turn` before each generation."""
+
+    def forget(self) -> None:
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        self.forget()
+
+    def begin_sample(self) -> None:
+        if self.config.memory != "run":
+            self.forget()
+
+    def begin_turn(self) -> None:
+        if self.config.memory == "turn":
+            self.forget()
+
+
+@dataclass
+class Draft:
+    """One step's proposal. All lists of guesses have the same length."""
+
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    # Where each guess came from; a node several sources proposed holds a tuple of them
+    # (each source is credited, see :meth:`sources_of`).
+    sources: list[str | tuple[str, ...]] | None = None
+    # Optional draft distribution per guess: [n_guesses, vocab] probabilities q
+    # of the distribution the guess was sampled from (draft-model methods).
+    draft_probs: torch.Tensor | None = None
+    aux_tokens: list[int] = field(default_factory=list)
+    aux_positions: list[int] = field(default_factory=list)  # offsets from the root (>= 1)
+    aux_visible: np.ndarray | None = None  # bool [n_aux, n_aux]: row i sees column j
+    # Which auxiliary nodes' logits the drafter needs (None = all): the output layer
+    # then runs only on the root, the guesses and these rows.
+    aux_logit_rows: list[int] | None = None
+    # The column of each auxiliary node, for drafters whose aux nodes are independent columns (SPECTRA's
+    # pool sequences): nodes of columns < w, sent alone, make a valid narrower block (``budget=auto``
+    # chooses w). None: the aux nodes go all or none.
+    aux_columns: list[int] | None = None
+    # Seconds the drafter spent searching external stores (datastore lookups) in this proposal,
+    # recorded apart from the rest of drafting.
+    lookup_s: float = 0.0
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def n_aux(self) -> int:
+        return len(self.aux_tokens)
+
+    @property
+    def aux_width(self) -> int:
+        """Columns of the aux nodes (1 for aux nodes without columns, 0 without aux nodes)."""
+        if not self.aux_tokens:
+            return 0
+        return max(self.aux_columns) + 1 if self.aux_columns else 1
+
+    @property
+    def empty(self) -> bool:
+        return not self.tokens and not self.aux_tokens
+
+    @classmethod
+    def chain(cls, tokens: list[int], source: str, draft_probs: torch.Tensor | None = None) -> Draft:
+        """A single sequence of guesses."""
+        return cls(
+            tokens=list(tokens),
+            parents=list(range(-1, len(tokens) - 1)),
+            sources=[source] * len(tokens),
+            draft_probs=draft_probs,
+        )
+
+    @classmethod
+    def from_sequences(cls, seqs: list[list[int]], sources: list[str]) -> Draft:
+        """A tree from several guess sequences, merging shared prefixes (a trie).
+
+        Siblings keep the order in which the sequences are listed (priority
+        order). A node that sequences of several sources pass through records
+        all of them, in the order they first reached it.
+        For deterministic guesses only: merging two sequences sampled from a
+        draft model would count two i.i.d. draws as one guess.
+        """
+        tokens: list[int] = []
+        parents: list[int] = []
+        node_sources: list[str | tuple[str, ...]] = []
+        children: dict[tuple[int, int], int] = {}
+        for seq, src in zip(seqs, sources, strict=True):
+            parent = -1
+            for tok in seq:
+                key = (parent, int(tok))
+                node = children.get(key)
+                if node is None:
+                    node = len(tokens)
+                    children[key] = node
+                    tokens.append(int(tok))
+                    parents.append(parent)
+                    node_sources.append(src)
+                else:
+                    have = node_sources[node]
+                    have_t = have if isinstance(have, tuple) else (have,)
+                    if src not in have_t:
+                        node_sources[node] = (*have_t, src)
+                parent = node
+        return cls(tokens=tokens, parents=parents, sources=node_sources)
+
+    def sources_of(self, i: int) -> tuple[str, ...]:
+        """Every source that proposed guess ``i`` (``("unknown",)`` when the drafter named none)."""
+        if self.sources is None:
+            return ("unknown",)
+        src = self.sources[i]
+        return src if isinstance(src, tuple) else (src,)
+
+    def is_chain(self) -> bool:
+        return all(p == i - 1 for i, p in enumerate(self.parents))
+
+    def depths(self) -> list[int]:
+        """Depth of every guess (1 for a child of the root)."""
+        depth: list[int] = []
+        for i, p in enumerate(self.parents):
+            if p >= i:
+                raise ValueError(f"draft parent {p} of node {i} must precede it")
+            depth.append(1 if p < 0 else depth[p] + 1)
+        return depth
+
+    def children(self) -> list[list[int]]:
+        """children[0] are the root's children; children[i + 1] those of guess i."""
+        kids: list[list[int]] = [[] for _ in range(len(self.tokens) + 1)]
+        for i, p in enumerate(self.parents):
+            kids[p + 1].append(i)
+        return kids
+
+    def keep(self, nodes: list[int]) -> Draft:
+        """The guesses ``nodes`` (ascending, closed under parents), re-indexed; no aux nodes."""
+        new_index = {old: new for new, old in enumerate(nodes)}
+        return Draft(
+            tokens=[self.tokens[i] for i in nodes],
+            parents=[-1 if self.parents[i] < 0 else new_index[self.parents[i]] for i in nodes],
+            sources=None if self.sources is None else [self.sources[i] for i in nodes],
+            draft_probs=None if self.draft_probs is None else self.draft_probs[nodes],
+            lookup_s=self.lookup_s,
+        )
+
+    def cut(self, max_depth: int) -> Draft:
+        """The guesses no deeper than ``max_depth`` (a depth-d guess needs d tokens of budget); no aux nodes."""
+        return self.keep([i for i, d in enumerate(self.depths()) if d <= max_depth])
+
+    def validate(self) -> None:
+        n = len(self.tokens)
+        if len(self.parents) != n:
+            raise ValueError("draft: tokens and parents differ in length")
+        if self.sources is not None and len(self.sources) != n:
+            raise ValueError("draft: tokens and sources differ in length")
+        if self.draft_probs is not None and self.draft_probs.shape[0] != n:
+            raise ValueError("draft: draft_probs must have one row per guess")
+        self.depths()
+        m = len(self.aux_tokens)
+        if len(self.aux_positions) != m:
+            raise ValueError("draft: aux_tokens and aux_positions differ in length")
+        if m and (self.aux_visible is None or self.aux_visible.shape != (m, m)):
+            raise ValueError("draft: aux_visible must be a [n_aux, n_aux] bool matrix")
+        if self.aux_columns is not None and len(self.aux_columns) != m:
+            raise ValueError("draft: aux_columns must name one column per aux node")
+
+
+@dataclass
+class VerifyResult:
+    """What one verification step decided."""
+
+    accepted_nodes: list[int]  # guess indices on the accepted path, root first to last
+    tokens: list[int]  # accepted guess tokens + the target's own next token
+    draft: Draft
+    # logits of the auxiliary nodes: [n_aux, vocab], or one row per draft.aux_logit_rows entry
+    aux_logits: torch.Tensor | None = None
+    root_logits: torch.Tensor | None = None  # [vocab] logits after the root (for drafters that want them)
+    # [1 + n_guesses, vocab]: the rows the acceptance rule read (row 0 follows the root, row 1 + i
+    # follows guess i), a view of the forward's output, not a copy. Drafters that learn from the
+    # target's predictions at every guess (Token Recycling) read it.
+    logits: torch.Tensor | None = None
+
+    @property
+    def n_accepted(self) -> int:
+        return len(self.accepted_nodes)
+
+
+@dataclass
+class DecodeState:
+    """What a drafter may read when proposing.
+
+    ``tokens`` is the source of truth for what has been committed: it includes
+    the prefill's token (which no ``update`` reports) and reflects truncation at
+    EOS or ``max_new_tokens``.
+    """
+
+    tokens: list[int]  # prompt + committed output; tokens[-1] is the root
+    prompt_len: int
+    max_new_tokens: int
+    step: int = 0
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+    @property
+    def remaining(self) -> int:
+        """Tokens the generation may still take."""
+        return self.max_new_tokens - self.new_tokens
+
+    @property
+    def max_depth(self) -> int:
+        """The deepest guess that can still be kept: the target adds one token after the accepted ones."""
+        return self.remaining - 1
+
+
+class Planner(Protocol):
+    """What the decode loop asks of a draft planner (``budget=auto``): trim each draft to what pays, learn
+    from what verification accepted, and close the generation. The loop never imports a planner."""
+
+    def plan(self, draft: Draft, seq: list[int]) -> Draft: ...
+
+    def record(self, draft: Draft, path: list[int]) -> None: ...
+
+    def finish(self, seq: list[int]) -> None: ...
+
+
+@dataclass
+class DrafterContext:
+    """What a drafter that runs a model of its own may need beyond its config.
+
+    Built by the runner (and by tests); drafters that need none of it ignore it.
+
+    * ``sampling``: the run's :class:`specbench.core.acceptance.SamplingParams`: a draft
+      model computes ``q`` with the same temperature, top-k and top-p as ``p``.
+    * ``device``, ``dtype``: where and in which precision the target runs.
+    * ``load_model(name)``: loads a model preset (``conf/model/<name>.yaml``)
+      through :func:`specbench.models.load_model`, on the target's hardware and
+      dtype, with the same one-line errors.
+    * ``target_model``, ``target_name``: the target itself (self-drafting shares
+      its weights) and its preset name (the identity of trained heads).
+    * ``hardware``: the target's hardware config.
+    """
+
+    sampling: Any = None
+    device: torch.device | None = None
+    dtype: torch.dtype | None = None
+    load_model: Callable[[str], Any] | None = None
+    target_model: torch.nn.Module | None = None
+    target_name: str = ""
+    hardware: Any = None
+
+
+class Drafter:
+    """Base class of every method: ``propose`` a draft, ``update`` from the result.
+
+    Subclasses set ``name`` and ``Config`` (a dataclass of hyperparameters that
+    the method's YAML fills) and are registered with
+    :func:`methods.registry.register_method`. A drafter never touches the
+    target's KV cache; it sees tokens and, for auxiliary nodes, logits.
+    """
+
+    name: ClassVar[str] = "base"
+    Config: ClassVar[type] = object
+    # True when drafts may branch or carry auxiliary nodes: they need a custom 4-D attention mask,
+    # which flash_attention_2 cannot express. Methods that only ever propose one chain set False.
+    tree_drafts: ClassVar[bool] = True
+    # budget=auto (specbench.budget) may trim this method's drafts before the forward; the sources
+    # its auxiliary nodes feed (their worth is judged by those sources' acceptance).
+    budget_auto: ClassVar[bool] = True
+    AUX_FEEDS: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(
+        self,
+        config: Any = None,
+        *,
+        vocab_size: int,
+        seed: int = 0,
+        tokenizer: Any = None,
+        context: DrafterContext | None = None,
+    ) -> None:
+        """``config`` defaults to ``Config()`` and is validated here (its ``validate()``, when it has one):
+        a subclass's ``__init__`` calls this first and reads ``self.config``."""
+        if config is None and dataclasses.is_dataclass(self.Config):
+            config = self.Config()
+        check = getattr(config, "validate", None)
+        if callable(check):
+            check()
+        self.config = config
+        self.vocab_size = vocab_size
+        self.seed = seed
+        self.tokenizer = tokenizer
+        self.context = context or DrafterContext()
+
+    @classmethod
+    def preflight(cls, config: Any, run_cfg: Any) -> None:
+        """Checks that need no model (files exist, settings agree), run before the model loads.
+        Raise specbench.run.config.ConfigError with one line naming the fix."""
+
+    def new_turn(self, prompt_ids: list[int]) -> None:
+        """What the decode loop calls as a generation begins (each turn of each sample): turn-scoped
+        memory is forgotten (:meth:`begin_turn`), then :meth:`start` sees the prompt. Not overridden."""
+        self.begin_turn()
+        self.start(prompt_ids)
+
+    def begin_turn(self) -> None:
+        """Forget what is kept for one turn only (:class:`ScopedMemory` with ``memory: turn``)."""
+
+    def start(self, prompt_ids: list[int]) -> None:
+        """A new generation begins (each sample and each turn), after :meth:`begin_turn`."""
+
+    def begin_sample(self) -> None:
+        """A new sample begins; its turns follow as generations. The runner calls it before a
+        sample's first turn, so that per-sample memory can be forgotten."""
+
+    def reset(self) -> None:
+        """Forget everything learned so far. The runner calls it after the warm-up generations,
+        so that a run-long memory starts empty at the first recorded sample."""
+
+    def propose(self, state: DecodeState) -> Draft | None:
+        return None
+
+    def update(self, result: VerifyResult) -> None:
+        """Learn from a step's outcome (pools, n-gram tables, statistics)."""

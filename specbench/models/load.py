@@ -1,0 +1,102 @@
+"""``load_model(model_cfg, hardware_cfg)``: the one way a model is loaded, and ``load_tokenizer``."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+import transformers
+
+from specbench.errors import ModelLoadError
+from specbench.models.config import DTYPES, _hardware, _memory_check, _plain, model_config_check
+from specbench.models.tiny import _build_tiny, build_tiny_tokenizer
+from specbench.models.weights import _weights_source
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: transformers.PreTrainedTokenizerBase
+    name: str
+    dtype: str
+    device: torch.device
+    context_length: int
+    eos_token_ids: list[int]
+    vocab_size: int
+    source: str = ""  # where the weights came from: "tiny", "path", "converted", "gguf", "hub"
+
+
+def _placement(cfg: dict, hw: dict) -> dict:
+    """from_pretrained keywords that place the weights: device_map (over ``num_gpus`` GPUs) and int8."""
+    placement: dict = {}
+    device_map = hw["device_map"]
+    if cfg.get("quantization") == "int8":
+        placement["quantization_config"] = transformers.BitsAndBytesConfig(load_in_8bit=True)
+        device_map = device_map or "auto"  # bitsandbytes places the weights itself
+    if device_map is not None:
+        placement["device_map"] = device_map
+        if hw["num_gpus"] and device_map == "auto":  # only the first num_gpus devices
+            placement["max_memory"] = {i: torch.cuda.mem_get_info(i)[0] for i in range(hw["num_gpus"])}
+    return placement
+
+
+def load_tokenizer(model_cfg) -> transformers.PreTrainedTokenizerBase:
+    """The model's tokenizer alone (for building datastores): no weights are loaded, except that a GGUF
+    file is converted once (as :func:`load_model` would) when no converted copy exists yet."""
+    model_config_check(model_cfg)
+    cfg = _plain(model_cfg)
+    if cfg.get("tiny"):
+        return build_tiny_tokenizer(int(cfg["tiny"].get("vocab_size", 128)))
+    src, kw, _ = _weights_source(cfg)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(src, **kw)
+    if cfg.get("chat_template"):
+        tokenizer.chat_template = cfg["chat_template"]
+    return tokenizer
+
+
+def load_model(model_cfg, hardware_cfg=None) -> LoadedModel:
+    """Load a model and its tokenizer as ``model_cfg`` describes: eval mode, on the configured device.
+
+    ``LoadedModel.source`` says where the weights came from: tiny, path, hub, gguf (converted
+    just now) or converted (read from the cache of an earlier conversion).
+    """
+    model_config_check(model_cfg)
+    cfg, hw = _plain(model_cfg), _hardware(hardware_cfg)
+    name, dtype_name, attn = cfg["name"], cfg.get("dtype", "float32"), hw["attn_implementation"]
+    if hw["num_threads"]:
+        torch.set_num_threads(int(hw["num_threads"]))
+    _memory_check(cfg, hw)
+
+    if cfg.get("tiny"):
+        model, tokenizer = _build_tiny(cfg["tiny"], DTYPES[dtype_name], attn)
+        source, placement = "tiny", {}  # from_config takes no device_map
+    else:
+        src, kw, source = _weights_source(cfg)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(src, **kw)
+    if cfg.get("chat_template"):
+        tokenizer.chat_template = cfg["chat_template"]
+    if cfg.get("chat", True) and not tokenizer.chat_template:
+        raise ModelLoadError(f"model '{name}' has no chat template in its tokenizer: set model.chat=false or model.chat_template")
+    if source != "tiny":
+        placement = _placement(cfg, hw)
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            src, dtype=DTYPES[dtype_name], attn_implementation=attn, **placement, **kw)
+    if not placement:
+        model.to(hw["device"])
+    model.eval()
+
+    eos = model.generation_config.eos_token_id if model.generation_config is not None else None
+    eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    if tokenizer.eos_token_id is not None:
+        eos.add(tokenizer.eos_token_id)
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if not limit:
+        limit = tokenizer.model_max_length if tokenizer.model_max_length < 1e7 else 2048
+    log.info("loaded %s (%s, %s) from %s", name, dtype_name, attn, source)
+    return LoadedModel(
+        model=model, tokenizer=tokenizer, name=name, dtype=dtype_name,
+        device=model.get_input_embeddings().weight.device, context_length=int(limit),
+        eos_token_ids=sorted(eos), vocab_size=model.get_output_embeddings().weight.shape[0], source=source)

@@ -1,0 +1,85 @@
+"""Where things are: the config folder, the cache, files shipped inside installed packages, settings.
+
+A base module: it imports nothing from the project but :mod:`specbench.errors`.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+import shutil
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+def conf_choices(group: str) -> list[str]:
+    """The presets of a config group (``conf/<group>/*.yaml``), sorted."""
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def cache_root() -> Path:
+    """``$SPECBENCH_CACHE`` (default ``~/.cache/specbench``): converted weights, cost curves, stores, heads."""
+    return Path(os.environ.get("SPECBENCH_CACHE") or Path.home() / ".cache" / "specbench")
+
+
+def private_tmp(path: Path) -> Path:
+    """A temporary name beside ``path`` that no other process uses: write there, then ``replace`` onto
+    ``path`` (two jobs filling one cache entry at once must not share, and lose, one temporary file)."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+
+
+def atomic_publish(tmp: Path, final: Path) -> None:
+    """Rename a finished temporary file/dir into place; if another process won the race, keep theirs."""
+    tmp.chmod(0o755 if tmp.is_dir() else 0o644)  # mkdtemp/mkstemp create private entries
+    try:
+        os.rename(tmp, final)
+    except OSError:
+        if not final.exists():
+            raise
+        shutil.rmtree(tmp) if tmp.is_dir() else tmp.unlink()
+
+
+def package_file(dist_name: str, name: str, *, prefix: bool = False) -> Path | None:
+    """A file shipped inside an installed distribution, found through its metadata (never imported), or None
+    when the distribution or the file is absent. ``name`` is the file's path in the distribution, or with
+    ``prefix=True`` the start of its file name (code files excluded)."""
+    try:
+        dist = md.distribution(dist_name)
+    except md.PackageNotFoundError:
+        return None
+    for entry in dist.files or []:
+        if prefix:
+            hit = entry.name.startswith(name) and not entry.name.endswith((".py", ".pyc"))
+        else:
+            hit = str(entry).replace("\\", "/") == name
+        if hit:
+            path = Path(dist.locate_file(entry))
+            if path.is_file():
+                return path
+    if prefix:
+        return None
+    path = Path(dist.locate_file(name))
+    return path if path.is_file() else None
+
+
+def package_installed(dist_name: str) -> bool:
+    try:
+        md.distribution(dist_name)
+    except md.PackageNotFoundError:
+        return False
+    return True
+
+
+def setting(cfg: Any, key: str, default: Any = None) -> Any:
+    """``cfg[key]`` for a mapping (dict, DictConfig) or attribute object; ``default`` if absent or null."""
+    if cfg is None:
+        return default
+    if isinstance(cfg, Mapping):
+        value = cfg.get(key, None)
+    else:
+        value = getattr(cfg, key, None)
+    return default if value is None else value

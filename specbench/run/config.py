@@ -1,0 +1,246 @@
+"""Config checks that run before any long work: group names, values, method settings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from methods.registry import build_method_config
+from specbench.errors import ConfigError, UnknownNameError, suggest
+from specbench.paths import CONF_DIR, conf_choices
+
+# Every config group (conf/<group>/); variant, ablation and placement are added with +group=<name>.
+GROUPS = ("model", "method", "dataset", "hardware", "experiment", "variant", "ablation", "placement")
+# Settings that choose where or how much to run, not what a result means: left out of the config hash,
+# so that a re-run with a larger limit resumes the same results file.
+# `repeats` too: each repeat is its own rows (column `repeat`), so repeats=3 extends a run made with repeats=1.
+BOOKKEEPING = ("results_dir", "limit", "offset", "warmup", "progress", "hydra", "paper_dir", "spec_bench_dir",
+               "repeats")
+
+
+
+
+def check_overrides(overrides: list[str]) -> list[str]:
+    """Check the command line before Hydra composes it; return it, adjusted.
+
+    ``group=unknown`` gets a "did you mean" hint. ``method.<field>=value`` is
+    checked against the fields of the method(s) the command selects: an unknown
+    field gets a hint, a known one that the preset's YAML does not list is
+    passed on as ``++method.<field>=value`` (Hydra would refuse it otherwise).
+    """
+    out = []
+    for item in overrides:
+        if item.startswith("-") or "=" not in item:
+            out.append(item)
+            continue
+        key, value = item.split("=", 1)
+        bare = key.lstrip("+~")
+        if key == bare:
+            _check_setting(bare)
+        if bare in GROUPS and value and "," not in value and value != "null":
+            choices = conf_choices(bare)
+            if value not in choices:
+                raise ConfigError(suggest(bare, value, choices, f"Pick one with {bare}=<name>."))
+        if key.startswith("method.") and "." not in key[len("method.") :]:
+            field = key[len("method.") :]
+            if field not in PRESET_KEYS and not _check_method_field(field, overrides):
+                item = f"++{item}"
+        out.append(item)
+    return out
+
+
+def top_level_settings() -> list[str]:
+    """The settings a command line may set without ``+``: conf/config.yaml's keys, those experiments add,
+    and the config groups."""
+    keys = set(GROUPS) | {"hydra"}
+    for path in [CONF_DIR / "config.yaml", *sorted((CONF_DIR / "experiment").glob("*.yaml"))]:
+        conf = OmegaConf.load(path)
+        keys |= {str(k) for k in conf.keys() if k != "defaults"}
+    return sorted(keys)
+
+
+def _check_setting(key: str) -> None:
+    """A misspelt setting gets "did you mean", not Hydra's advice to append it with ``+`` (which would run
+    with the setting silently ignored)."""
+    head = key.split(".", 1)[0]
+    known = top_level_settings()
+    if head not in known:
+        raise UnknownNameError(suggest("setting", head, [k for k in known if k != "hydra"],
+                                       "Settings are listed in conf/config.yaml (python run.py --cfg job)."))
+
+
+def _override_values(overrides: list[str], key: str) -> list[str]:
+    values = []
+    for item in overrides:
+        k, _, v = item.partition("=")
+        if k.lstrip("+") == key and v:
+            values += [x.strip() for x in v.split(",") if x.strip()]
+    return values
+
+
+def _chosen_method_presets(overrides: list[str]) -> list[str]:
+    """The method presets a command line selects: its own ``method=``, its experiment's, or the default."""
+    presets = _override_values(overrides, "method")
+    if presets:
+        return presets
+    for exp in _override_values(overrides, "experiment"):
+        path = CONF_DIR / "experiment" / f"{exp}.yaml"
+        if not path.exists():
+            continue
+        conf = OmegaConf.to_container(OmegaConf.load(path))
+        for entry in conf.get("defaults", []) or []:
+            if isinstance(entry, dict) and "override /method" in entry:
+                presets.append(str(entry["override /method"]))
+        swept = ((conf.get("hydra") or {}).get("sweeper") or {}).get("params") or {}
+        if "method" in swept:
+            presets += [x.strip() for x in str(swept["method"]).split(",")]
+    if presets:
+        return presets
+    for entry in OmegaConf.to_container(OmegaConf.load(CONF_DIR / "config.yaml"))["defaults"]:
+        if isinstance(entry, dict) and "method" in entry:
+            return [str(entry["method"])]
+    return []
+
+
+def _check_method_field(field: str, overrides: list[str]) -> bool:
+    """Is ``field`` listed in every selected preset's YAML? Raise when a selected method lacks it."""
+    import dataclasses
+
+    from methods.registry import get_method
+
+    listed = True
+    for preset in _chosen_method_presets(overrides):
+        path = CONF_DIR / "method" / f"{preset}.yaml"
+        if not path.exists():
+            continue  # an unknown preset is reported as such
+        conf = method_preset(preset)
+        config_cls = get_method(str(conf.get("name", preset))).Config
+        fields = [f.name for f in dataclasses.fields(config_cls)] if dataclasses.is_dataclass(config_cls) else []
+        if field not in fields:
+            raise UnknownNameError(
+                suggest(f"setting of method {conf.get('name', preset)}", field, fields or ["(none)"])
+            )
+        listed = listed and field in conf
+    return listed
+
+
+def _number(cfg: DictConfig, key: str, kind: type, *, minimum=None, nullable=False, what=""):
+    """``cfg[key]`` as an int or float, or a one-line ConfigError naming what it should be."""
+    value = cfg.get(key)
+    if value is None and nullable:
+        return None
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if ok and kind is int:
+        ok = float(value).is_integer()
+    if ok and minimum is not None:
+        ok = value >= minimum
+    if not ok:
+        raise ConfigError(f"{key} must be {what}, got {value!r}")
+    return kind(value)
+
+
+def _check_numbers(cfg: DictConfig) -> None:
+    _number(cfg, "temperature", float, minimum=0, what="a number >= 0 (0 = greedy)")
+    _number(cfg, "top_p", float, what="a number in (0, 1]")
+    _number(cfg, "top_k", int, minimum=0, nullable=True, what="a whole number >= 0 (0 = off)")
+    _number(cfg, "seed", int, what="a whole number")
+    _number(cfg, "max_new_tokens", int, minimum=1, nullable=True, what="a positive number of tokens (or null)")
+    _number(cfg, "limit", int, minimum=1, nullable=True, what="a positive number of samples (or null for all)")
+    _number(cfg, "offset", int, minimum=0, what="a whole number >= 0")
+    _number(cfg, "warmup", int, minimum=0, what="a whole number of warm-up generations >= 0")
+    _number(cfg, "repeats", int, minimum=1, nullable=True,
+            what="a positive number of measurements of each sample (repeats=3 as Spec-Bench)")
+    if "hardware" in cfg and cfg.hardware.get("num_threads") is not None:
+        _number(cfg.hardware, "num_threads", int, minimum=1, what="a positive number of threads (or null)")
+
+
+# Keys of a method preset that are not the method's own settings.
+PRESET_KEYS = ("name", "budget")
+
+
+def method_preset(preset: str) -> dict[str, Any]:
+    """``conf/method/<preset>.yaml`` as a plain dict, its ``defaults`` (presets of the same group it
+    builds on, e.g. a ``-cpu`` preset on its paper preset) merged in as Hydra merges them."""
+    raw = OmegaConf.load(CONF_DIR / "method" / f"{preset}.yaml")
+    merged = OmegaConf.create()
+    for entry in raw.get("defaults", []) or []:  # the bases first, then the preset's own keys (_self_ last)
+        if entry != "_self_":
+            merged = OmegaConf.merge(merged, method_preset(str(entry)))
+    own = OmegaConf.masked_copy(raw, [k for k in raw.keys() if k != "defaults"])
+    return OmegaConf.to_container(OmegaConf.merge(merged, own))
+
+
+def load_preset(preset: str) -> tuple[str, dict[str, Any], str | None]:
+    """``conf/method/<preset>.yaml`` as (method name, its settings, the budget it names or None)."""
+    raw = method_preset(preset)
+    name, budget = raw.pop("name"), raw.pop("budget", None)
+    return name, raw, budget
+
+
+def method_params(cfg: DictConfig) -> dict[str, Any]:
+    params = OmegaConf.to_container(cfg.method, resolve=True)
+    for key in PRESET_KEYS:
+        params.pop(key, None)
+    return params
+
+
+def effective_budget(cfg: DictConfig) -> str:
+    """``budget`` when set on the command line or in the config, else the method preset's, else fixed."""
+    budget = cfg.get("budget")
+    if budget is None:
+        budget = cfg.method.get("budget") or "fixed"
+    return str(budget)
+
+
+def validate(cfg: DictConfig) -> dict[str, Any]:
+    """Check every setting that can be checked without loading a model; return the method config."""
+    from specbench.core.acceptance import SamplingParams
+    from specbench.data import get_dataset
+    from specbench.models import model_config_check
+
+    _check_numbers(cfg)
+    try:
+        SamplingParams(temperature=cfg.temperature, top_k=cfg.top_k or 0, top_p=cfg.top_p)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    try:
+        method_cfg = build_method_config(cfg.method.name, method_params(cfg), effective_budget(cfg))
+    except UnknownNameError:
+        raise
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"method {cfg.method.name}: {err}") from None
+    _check_attention(cfg)
+    _check_budget(cfg)
+    get_dataset(cfg.dataset.name)
+    model_config_check(cfg.model, cfg.hardware)
+    return {"method": method_cfg}
+
+
+def _check_budget(cfg: DictConfig) -> None:
+    from methods.registry import get_method
+    from specbench.budget.planner import BUDGETS
+
+    budget = effective_budget(cfg)
+    if budget not in BUDGETS:
+        raise ConfigError(f"budget must be one of {', '.join(BUDGETS)}, got {budget!r}")
+    if budget == "auto" and not get_method(cfg.method.name).budget_auto:
+        raise ConfigError(
+            f"budget=auto trims the drafts of tree methods; {cfg.method.name} sets its own draft length: "
+            "use budget=fixed"
+        )
+
+
+def _check_attention(cfg: DictConfig) -> None:
+    """Refuse a tree-drafting method under flash_attention_2 (it cannot take a custom 4-D mask)."""
+    from methods.registry import get_method, method_names
+
+    if cfg.hardware.get("attn_implementation") != "flash_attention_2":
+        return
+    if get_method(cfg.method.name).tree_drafts:
+        chains = ", ".join(n for n in method_names() if not get_method(n).tree_drafts)
+        raise ConfigError(
+            f"method {cfg.method.name} drafts trees, which need a custom 4-D attention mask that "
+            f"flash_attention_2 cannot express: use hardware.attn_implementation=sdpa (or eager), "
+            f"or a chain method ({chains})"
+        )

@@ -1,0 +1,105 @@
+"""Which store a method's ``datastore`` setting names, the command that builds it, and the checks a run makes
+before reading it (it exists; the run's prompts are not among those it was generated from)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from specbench import data
+from specbench.errors import ConfigError
+from specbench.paths import cache_root, setting
+from specbench.stores.datastore import BUILD_HINT, prompt_hash, read_meta
+
+REFINED_SUFFIX = "-refined"
+RANDOM_SUFFIX = "-random"  # the matched-size random control of a refined store
+
+
+def stores_root() -> Path:
+    """Where named stores live: ``$SPECBENCH_CACHE/datastores`` (default ``~/.cache/specbench/datastores``)."""
+    return cache_root() / "datastores"
+
+
+def is_path_spec(spec: str) -> bool:
+    return any(c in spec for c in "/\\") or spec.startswith((".", "~"))
+
+
+def resolve_store(spec: str, model_cfg: Any, *, refined: bool = False) -> Path:
+    """A method's ``datastore`` setting -> a store directory.
+
+    A path (it contains a slash, or starts with ``.`` or ``~``) is used as is; a plain name
+    resolves to ``<stores_root>/<model name>/<name>``. ``refined`` names the perplexity-refined
+    store built from it (``<name>-refined`` beside it).
+    """
+    spec = str(spec)
+    path = Path(spec).expanduser() if is_path_spec(spec) else stores_root() / str(setting(model_cfg, "name")) / spec
+    return path.with_name(path.name + REFINED_SUFFIX) if refined else path
+
+
+def build_command(spec: str, model_cfg: Any, *, refined: bool = False) -> str:
+    """The one command that builds the store a method's ``datastore`` setting names."""
+    model = str(setting(model_cfg, "name"))
+    if refined:
+        if is_path_spec(spec):
+            return f"python -m specbench.datastore refine --model {model} --store {spec}"
+        return f"make datastore-refine MODEL={model} STORE={spec}"
+    if is_path_spec(spec):
+        return f"python -m specbench.datastore build --model {model} --source <stdlib|dir:DIR|file:FILE|hub:ID|generate:DATASET> --out {spec}"
+    return BUILD_HINT.format(model=model, source=spec)
+
+
+def check_store(spec: str, model_cfg: Any, run_cfg: Any = None, *, refined: bool = False,
+                allow_overlap: bool = False) -> Path:
+    """For ``Drafter.preflight``: the store exists (else one line naming the build command), and the
+    run's prompts are not among those the store was generated from (unless ``allow_overlap``).
+    Returns the store's directory."""
+    path = resolve_store(spec, model_cfg, refined=refined)
+    meta = read_meta(path, build_command(spec, model_cfg, refined=refined))
+    if run_cfg is not None and not allow_overlap and meta.get("prompts"):
+        check_overlap(meta, run_cfg, path)
+    return path
+
+
+def run_prompt_hashes(run_cfg: Any) -> dict[str, str]:
+    """prompt hash -> sample id, for every turn of the samples a run will evaluate (no model needed)."""
+    dcfg = run_cfg.dataset
+    ddef = data.get_dataset(str(dcfg.name))
+    samples = data.select(ddef.load(dcfg), limit=setting(run_cfg, "limit"), offset=int(setting(run_cfg, "offset", 0)),
+                          shuffle=bool(setting(dcfg, "shuffle", False)), seed=int(setting(run_cfg, "seed", 0)))
+    return {prompt_hash(turn): f"{ddef.name}/{s.sample_id}" for s in samples for turn in s.turns}
+
+
+def check_overlap(meta: dict, run_cfg: Any, path: Path) -> None:
+    """Refuse a run that evaluates prompts the store was generated from."""
+    recorded = set(meta["prompts"].get("hashes", []))
+    run = run_prompt_hashes(run_cfg)
+    shared = sorted({sid for h, sid in run.items() if h in recorded})
+    if shared:
+        shown = ", ".join(shared[:4]) + (" …" if len(shared) > 4 else "")
+        raise ConfigError(
+            f"datastore {path} holds model outputs for {len(shared)} of this run's prompts ({shown}): evaluate "
+            f"other samples (offset=/limit=), use another store, or set method.allow_overlap=true to run anyway"
+        )
+
+
+def prepare_store(method: str, config: Any, run_cfg: Any, *, refined: bool = False) -> None:
+    """For a method's ``preflight``: check the store its ``datastore`` setting names (:func:`check_store`)
+    and note on ``config`` where the drafter will find it and how it is built (not dataclass fields:
+    results record the setting, not the path)."""
+    path = check_store(config.datastore, run_cfg.model, run_cfg, refined=refined,
+                       allow_overlap=bool(getattr(config, "allow_overlap", False)))
+    config._store_path = str(path)
+    config._store_hint = build_command(config.datastore, run_cfg.model, refined=refined)
+
+
+def open_store(method: str, config: Any, tokenizer: Any, *, refined: bool = False):
+    """The store a drafter reads: where :func:`prepare_store` found it, or the path ``datastore`` names."""
+    from specbench.stores.datastore import Datastore
+
+    path = getattr(config, "_store_path", None)
+    if path is None:
+        if not is_path_spec(str(config.datastore)):
+            raise ConfigError(f"{method}: datastore '{config.datastore}' is a name; the runner resolves "
+                              "it for the model (or pass a path)")
+        path = resolve_store(config.datastore, None, refined=refined)
+    return Datastore.load(path, tokenizer, hint=getattr(config, "_store_hint", None))

@@ -1,0 +1,469 @@
+"""budget=auto: the cost curve, the acceptance statistics and the trim by hand; then lossless decoding
+with trimmed drafts (greedy fp32 and the sampling distribution) and a run through the runner."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from methods.lookahead import Lookahead, LookaheadConfig
+from methods.registry import get_method
+from methods.spectra_core import SpectraCore, SpectraCoreConfig
+from methods.token_recycling import TokenRecycling, TokenRecyclingConfig
+from specbench.budget.costs import CostModel, load_or_measure, measure, monotone
+from specbench.budget.planner import (
+    DRY,
+    MIN_WARM,
+    AcceptanceStats,
+    AutoBudget,
+    best_prefix,
+    node_scores,
+    positions,
+    subdraft,
+    widths,
+)
+from specbench.core.acceptance import SamplingParams
+from specbench.core.draft import SOURCE_BWD, SOURCE_FWD, SOURCE_RETRIEVAL, Draft
+from specbench.core.forward import Target
+from specbench.drafting.ngram_dicts import CandidatePool
+from specbench.drafting.spectra_engine import SpectraCoreEngine
+from specbench.errors import ConfigError
+from specbench.paths import CONF_DIR
+from specbench.results.rows import load_results
+from specbench.run.config import load_preset
+from specbench.run.runner import run
+from tests.lossless import (
+    CODE_EDIT,
+    SMALL_VOCAB,
+    assert_greedy_lossless,
+    assert_sampling_preserves_distribution,
+    chat,
+)
+from tests.run.test_config import make_cfg
+
+LINEAR = CostModel(qs=[1, 2], contexts=[0], seconds=[[1.0, 2.0]])  # t(q) = q: no block ever pays
+CHEAP = CostModel(qs=[1, 2], contexts=[0], seconds=[[1.0, 1.1]])  # t(q) = 1 + 0.1 (q - 1)
+STEP = CostModel(qs=[1, 5, 6], contexts=[0], seconds=[[1.0, 1.0, 3.0]])  # free up to 5 tokens, then 3 steps
+FLAT = CostModel.flat()
+
+
+# ----------------------------------------------------------------------------- the cost curve
+
+
+def test_cost_model_interpolates_by_hand():
+    m = CostModel(qs=[1, 4], contexts=[100, 300], seconds=[[1.0, 4.0], [2.0, 8.0]])
+    assert m(2, 100) == pytest.approx(2.0)
+    assert m(8, 100) == pytest.approx(8.0)  # the last slope, extended
+    assert m(2, 200) == pytest.approx((2.0 + 4.0) / 2)  # halfway between the two contexts
+    assert m(1, 50) == pytest.approx(1.0) and m(1, 400) == pytest.approx(2.0)  # contexts clamped
+    assert m.relative(100) == pytest.approx([1.0, 4.0])
+    assert FLAT(120) == FLAT(1)
+    assert CostModel.from_dict(json.loads(json.dumps(m.to_dict()))) == m
+    with pytest.raises(ValueError, match="increase"):
+        CostModel(qs=[4, 1], contexts=[0], seconds=[[1.0, 2.0]])
+
+
+def test_monotone_pools_adjacent_violators():
+    assert monotone([1.0, 2.7, 1.3, 1.5, 2.0]) == pytest.approx([1.0, 1.8333, 1.8333, 1.8333, 2.0], rel=1e-3)
+    assert monotone([1.0, 2.0, 3.0]) == [1.0, 2.0, 3.0]
+
+
+def test_measure_and_cache_on_a_tiny_model(tiny_llama, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    target = Target(tiny_llama.model)
+    m = measure(target, tiny_llama.vocab_size, qs=(1, 8), contexts=(16, 64), repeats=1, warmup=1)
+    assert len(m.seconds) == 2 and all(s > 0 for row in m.seconds for s in row)
+    cache = target.new_cache()  # the measurement leaves nothing behind in a model
+    assert cache.get_seq_length() == 0
+    first = load_or_measure(tiny_llama, "tiny-llama", "float32", "sdpa", qs=(1, 4), contexts=(8,), repeats=1)
+    (saved,) = (tmp_path / "costs").glob("tiny-llama-float32-*.json")
+    again = load_or_measure(tiny_llama, "tiny-llama", "float32", "sdpa", qs=(1, 2, 3), contexts=(8,))
+    assert again == first and again.qs == [1, 4]  # read back, not measured again
+    saved.write_text("{broken")
+    assert load_or_measure(tiny_llama, "tiny-llama", "float32", "sdpa", qs=(1, 2), contexts=(8,),
+                           repeats=1).qs == [1, 2]
+
+
+# ----------------------------------------------------------------------------- statistics and the trim
+
+
+def shrink(accepted, drafted, toward):
+    return (accepted + 2.0 * toward) / (drafted + 2.0)
+
+
+def test_acceptance_rates_by_source_depth_and_rank():
+    stats = AcceptanceStats()
+    assert stats.rate(SOURCE_FWD, 1) == pytest.approx(0.25)  # nothing seen: the base rate
+    stats.observe(Draft.chain([5, 6], SOURCE_FWD), accepted_nodes=[0])
+    source = shrink(1, 2, 0.25)
+    assert stats.rate(SOURCE_FWD, 1) == pytest.approx(shrink(1, 1, shrink(1, 1, source)))
+    assert stats.rate(SOURCE_FWD, 2) == pytest.approx(shrink(0, 1, shrink(0, 1, source)))
+    assert stats.rate(SOURCE_FWD, 3, 2) == pytest.approx(source)  # unseen key: its source's rate
+    shared = Draft.from_sequences([[7], [7]], [SOURCE_FWD, SOURCE_BWD])  # one node, two sources
+    stats.observe(shared, accepted_nodes=[0])
+    assert stats.accepted[(SOURCE_BWD, 1, 0)] == 1 and stats.accepted[(SOURCE_FWD, 1, 0)] == 2
+    siblings = Draft.from_sequences([[1], [2], [3], [4], [5], [6]], [SOURCE_FWD] * 6)
+    assert positions(siblings) == [(1, 0), (1, 1), (1, 2), (1, 3), (1, 4), (1, 4)]  # ranks 4+ share a count
+    stats.observe(siblings, accepted_nodes=[1])
+    assert stats.drafted[(SOURCE_FWD, 1, 4)] == 2 and stats.accepted[(SOURCE_FWD, 1, 1)] == 1
+    assert stats.rate(SOURCE_FWD, 1, 1) > stats.rate(SOURCE_FWD, 1, 4)
+
+
+def test_guesses_are_judged_by_the_output_that_followed_them():
+    stats = AcceptanceStats()
+    d = Draft(tokens=[4, 5, 7, 9], parents=[-1, 0, -1, 2], sources=["a", "a", "b", "b"])
+    assert not stats.observe_output(d, [4])  # depth 2 not known yet
+    assert stats.observe_output(d, [4, 5, 6])
+    fine = {k: v for k, v in stats.drafted.items() if len(k) == 3}
+    assert fine == {("a", 1, 0): 1, ("a", 2, 0): 1, ("b", 1, 1): 1, ("b", 2, 0): 1}  # 9 judged: its parent failed
+    assert stats.accepted[("a", 2, 0)] == 1 and stats.accepted[("b",)] == 0
+    ended = AcceptanceStats()
+    assert ended.observe_output(d, [4], final=True)  # the output ended: depth 2 under 4 is unknown
+    assert {k for k in ended.drafted if len(k) == 3} == {("a", 1, 0), ("b", 1, 1), ("b", 2, 0)}
+
+
+class FixedRates:
+    def __init__(self, table):
+        self.table = table
+
+    def rate(self, source, depth, rank=0):
+        return self.table.get((source, depth, rank), 0.0)
+
+
+def test_scores_never_exceed_the_parent_and_take_the_best_source():
+    stats = FixedRates({(SOURCE_FWD, 1, 0): 0.3, (SOURCE_FWD, 2, 0): 0.7, (SOURCE_FWD, 1, 1): 0.1,
+                        (SOURCE_RETRIEVAL, 1, 1): 0.7})
+    d = Draft(tokens=[1, 2, 3], parents=[-1, 0, -1], sources=[SOURCE_FWD, SOURCE_FWD, (SOURCE_FWD, SOURCE_RETRIEVAL)])
+    assert node_scores(d, stats) == pytest.approx([0.3, 0.3, 0.7])  # depth 2 (0.7) capped by its parent (0.3)
+    assert node_scores(d, stats, dry=(SOURCE_FWD,)) == pytest.approx([0.0, 0.0, 0.7])  # fwd/dry: no rate yet
+    stats.table[(SOURCE_FWD + DRY, 1, 0)] = 0.2
+    assert node_scores(d, stats, dry=(SOURCE_FWD,)) == pytest.approx([0.2, 0.0, 0.7])
+    # siblings share their parent's chance: four first guesses at 0.4 are one token at most, each 0.25;
+    # below the first (0.25) its children at 0.3 and 0.1, capped to 0.25 and 0.1, share 0.25 as 5:2
+    fan = Draft(tokens=[1, 2, 3, 4, 5, 6], parents=[-1, -1, -1, -1, 0, 0], sources=[SOURCE_FWD] * 6)
+    rates = FixedRates({(SOURCE_FWD, 1, r): 0.4 for r in range(4)} | {(SOURCE_FWD, 2, 0): 0.3, (SOURCE_FWD, 2, 1): 0.1})
+    assert node_scores(fan, rates) == pytest.approx([0.25] * 4 + [0.25 * 5 / 7, 0.25 * 2 / 7])
+
+
+def test_dry_sources_start_at_nothing_and_learn_from_their_own_steps():
+    stats = AcceptanceStats()
+    d = Draft(tokens=[4, 5], parents=[-1, 0], sources=[SOURCE_FWD, SOURCE_FWD])
+    assert stats.rate(SOURCE_FWD, 1) == pytest.approx(0.25) and stats.rate(SOURCE_FWD + DRY, 1) == 0.0
+    for _ in range(20):
+        stats.observe_output(d, [4, 5], dry=(SOURCE_FWD,))
+    assert stats.rate(SOURCE_FWD + DRY, 1) > 0.9 and stats.rate(SOURCE_FWD, 1) == pytest.approx(0.25)
+
+
+def test_best_prefix_by_hand():
+    scores = [0.9, 0.5, 0.1]
+    assert best_prefix(scores, LINEAR, 1, 0)[0] == []  # 1.9 / 2 < 1 / 1
+    assert best_prefix(scores, FLAT, 1, 0)[0] == [0, 1, 2]
+    keep, rate = best_prefix(scores, CHEAP, 1, 0)  # 1.9/1.1, 2.4/1.2 (best), 2.5/1.3
+    assert keep == [0, 1] and rate == pytest.approx(2.0)
+
+
+def test_subdraft_reindexes_parents_and_drops_aux():
+    d = Draft(tokens=[10, 11, 12, 13], parents=[-1, 0, -1, 2], sources=["a", "b", "c", "d"],
+              aux_tokens=[1, 2], aux_positions=[1, 2], aux_visible=torch.ones(2, 2, dtype=torch.bool).numpy())
+    out = subdraft(d, [2, 3], 0)
+    assert out.tokens == [12, 13] and out.parents == [-1, 0] and out.sources == ["c", "d"] and not out.n_aux
+    assert subdraft(d, [0], 1).aux_tokens == [1, 2]
+
+
+def test_a_narrower_pool_is_the_block_of_a_pool_that_wide():
+    """The first w columns of a W-wide pool, cut by subdraft, are exactly what a w-wide pool of the
+    same sequences sends: tokens, offsets, mask and the rows whose logits come back."""
+    wide, narrow = CandidatePool(width=4, n=4), CandidatePool(width=2, n=4)
+    wide.seqs = [[1, 2, 3], [4, 5, 6], [7, 8, 9], [10, 11, 12]]
+    narrow.seqs = wide.seqs[:2]
+
+    def sent(pool):
+        return Draft(tokens=[30], parents=[-1], aux_tokens=pool.aux_tokens(), aux_positions=pool.positions,
+                     aux_visible=pool.visible, aux_logit_rows=pool.logit_rows, aux_columns=pool.columns)
+
+    whole = sent(wide)
+    assert whole.aux_width == 4 and widths(4) == [4, 2, 1] and widths(15) == [15, 8, 4, 2, 1]
+    cut, ref = subdraft(whole, [0], 2), sent(narrow)
+    assert cut.tokens == [30] and cut.aux_width == 2
+    assert cut.aux_tokens == ref.aux_tokens == [1, 4, 2, 5, 3, 6]
+    assert cut.aux_positions == ref.aux_positions and cut.aux_logit_rows == ref.aux_logit_rows == [4, 5]
+    assert (cut.aux_visible == ref.aux_visible).all() and cut.aux_columns == ref.aux_columns
+    cut.validate()
+    assert subdraft(whole, [0], 4).aux_tokens == whole.aux_tokens and not subdraft(whole, [0], 0).n_aux
+
+
+def test_a_pool_that_does_not_pay_is_tried_narrower_when_a_narrower_one_could():
+    """Measured: 1.5 tokens a step at 3 of 3 two-token columns, costing 3 steps (STEP: free up to 5
+    tokens); going without pays 1 a step. At 2 columns (5 tokens) the 0.5 gained, scaled by √(2/3),
+    would pay 1.41: that width goes on trial. Under LINEAR no narrower block should beat 1."""
+    def pool3() -> Draft:
+        pool = CandidatePool(width=3, n=3)
+        pool.seqs = [[1, 2], [3, 4], [5, 6]]
+        return Draft(tokens=[], parents=[], aux_tokens=pool.aux_tokens(), aux_positions=pool.positions,
+                     aux_visible=pool.visible, aux_logit_rows=pool.logit_rows, aux_columns=pool.columns)
+
+    for cost, width in ((STEP, 2), (LINEAR, 0)):
+        budget = AutoBudget(cost, aux_feeds=(SOURCE_FWD,), warm=0, explore_every=0)
+        budget.aux_steps, budget._aux_tokens, budget._aux_seconds = 1, 1.5, cost(7, 0)
+        out = budget.plan(pool3(), [9])
+        assert budget.widths == [width] and out.aux_width == width
+        if width:  # on trial afresh, the rows of each sent sequence's last token come back
+            assert budget.width == 2 and budget.aux_steps == 0 and out.aux_logit_rows == [2, 3]
+            for _ in range(3):
+                budget.plan(pool3(), [9])  # measured nothing yet: the narrower pool is sent
+            assert budget.widths == [2] * 4
+    flat = AutoBudget(FLAT, aux_feeds=(SOURCE_FWD,), warm=0, explore_every=0)
+    flat.aux_steps, flat._aux_tokens, flat._aux_seconds = 1, 1.5, FLAT(7, 0)
+    assert flat.plan(pool3(), [9]).aux_width == 3  # it pays whole
+
+
+def pool_draft() -> Draft:
+    seqs = [[4, 5, 6], [4, 7]]
+    d = Draft.from_sequences(seqs, [SOURCE_FWD, SOURCE_BWD])
+    d.aux_tokens, d.aux_positions = [1, 2, 3, 4], [1, 1, 2, 2]
+    d.aux_visible = torch.eye(4, dtype=torch.bool).numpy()
+    return d
+
+
+def test_aux_nodes_go_only_when_they_pay():
+    steep = AutoBudget(LINEAR, aux_feeds=(SOURCE_FWD, SOURCE_BWD), explore_every=0, warm=0)
+    out = steep.plan(pool_draft(), [9])
+    assert out.tokens == [] and out.n_aux == 0 and steep.aux_sent == [False]  # plain decoding pays best
+    flat = AutoBudget(FLAT, aux_feeds=(SOURCE_FWD, SOURCE_BWD), explore_every=0)
+    d = pool_draft()
+    assert flat.plan(d, [9]) is d  # a GPU-like curve keeps everything
+    for accepted, whole in ((95, True), (5, False)):  # the dictionaries' guesses mostly right, or not
+        cheap = AutoBudget(CHEAP, aux_feeds=(SOURCE_FWD, SOURCE_BWD), explore_every=0, warm=0)
+        for key in ((SOURCE_FWD,), (SOURCE_FWD, 1), (SOURCE_FWD, 1, 0), (SOURCE_BWD,), (SOURCE_BWD, 1), (SOURCE_BWD, 1, 0)):
+            cheap.stats.drafted[key], cheap.stats.accepted[key] = 100, accepted
+        d = pool_draft()
+        out = cheap.plan(d, [9])
+        if whole:  # 0.94 at depth 1 and (from the source) deeper, 0.1 s per token: all of it pays, pool included
+            assert out is d
+        else:  # 0.06 at depth 1 caps its subtree: the pool costs more than the guesses it feeds bring
+            assert out.tokens == [] and out.n_aux == 0
+    explorer = AutoBudget(LINEAR, aux_feeds=(SOURCE_FWD, SOURCE_BWD), explore_every=2, warm=0)
+    assert explorer.plan(pool_draft(), [9]).n_aux == 0
+    out = explorer.plan(pool_draft(), [9])  # the second step that would go without the pool sends it
+    assert out.n_aux == 4 and explorer.aux_sent == [False, True]
+    for _ in range(6):
+        explorer.plan(pool_draft(), [9])
+    assert explorer.aux_sent == [False, True] + [False] * 3 + [True] + [False] * 2  # then after 4 more, 8 …
+
+
+def test_cpu_presets_trim_and_paper_presets_keep_their_blocks():
+    for path in sorted((CONF_DIR / "method").glob("*.yaml")):
+        name, _, budget = load_preset(path.stem)
+        assert budget == ("auto" if path.stem.endswith("-cpu") else None), path.stem
+        if budget == "auto":
+            assert get_method(name).budget_auto
+
+
+def test_warm_up_ends_early_only_when_the_pool_clearly_costs_more():
+    nearly_flat = CostModel(qs=[1, 2], contexts=[0], seconds=[[1.0, 1.02]])  # 7 tokens: 1.12 steps
+    # LINEAR: the pool's 4 tokens add 4 steps, a warm-up of 100 steps' worth would last 25 steps;
+    # nearly flat: they add 0.08 of a step, a warm-up of 1.28 steps' worth lasts 16 steps
+    for cost, warm, sent in ((LINEAR, 100.0, MIN_WARM), (nearly_flat, 1.28 - 1e-9, 16)):
+        budget = AutoBudget(cost, aux_feeds=(SOURCE_FWD, SOURCE_BWD), explore_every=0, warm=warm)
+        for step in range(24):
+            out = budget.plan(pool_draft(), [9] * (step + 1))
+            budget.record(out, [])  # no guess ever accepted: the pool brings nothing
+        # LINEAR: the pool's steps make 1/7 of a plain step's rate, short by more than 1/√4 after 4 steps;
+        # nearly flat: 0.89 of it, within 1/√k until the warm-up's end
+        assert sum(budget.aux_sent) == sent and budget.aux_sent[:sent] == [True] * sent
+
+
+# ----------------------------------------------------------------------------- lossless with trimmed drafts
+
+PROMPTS = [[5, 6, 7, 8] * 4, [3, 3, 3, 3, 9], [10, 11, 12, 10, 11, 12, 10, 11], list(range(20, 44))]
+DRAFTERS = {
+    "spectra_core": lambda v: SpectraCore(SpectraCoreConfig(ngram_size=4, pool_size=5, max_guesses=5), vocab_size=v),
+    "lookahead": lambda v: Lookahead(LookaheadConfig(window=4, ngram=4, guesses=4), vocab_size=v),
+    "token_recycling": lambda v: TokenRecycling(TokenRecyclingConfig(tree="cpu", memory="turn"), vocab_size=v),
+}
+
+
+@pytest.mark.parametrize("name", list(DRAFTERS))
+@pytest.mark.parametrize("cost", [CHEAP, LINEAR, FLAT], ids=["cheap", "linear", "flat"])
+def test_trimmed_drafts_are_lossless(tiny_llama, name, cost):
+    cls = type(DRAFTERS[name](128))
+    budget = AutoBudget(cost, aux_feeds=cls.AUX_FEEDS, explore_every=4)
+    recs = assert_greedy_lossless(Target(tiny_llama.model), lambda: DRAFTERS[name](128), PROMPTS, 40, budget=budget)
+    drafted = sum(sum(r.step_drafted) for r in recs)
+    if cost is FLAT:
+        assert drafted > 0 and (all(budget.aux_sent) or not cls.AUX_FEEDS)
+    if cost is LINEAR:  # no guess pays when every token costs a step; the pool goes only to explore
+        assert all(k == 0 for k, a in zip(budget.kept, budget.aux_sent, strict=True) if not a)
+
+
+def test_narrowed_pools_are_lossless(tiny_llama):
+    """A 5-wide pool measured at 1.5 tokens a step for 3 steps' time, under a curve free up to 7 tokens:
+    2 columns (6 aux nodes) go on trial, the engine advances only those, and outputs are unchanged."""
+    def narrowing() -> AutoBudget:
+        budget = AutoBudget(CostModel(qs=[1, 7, 8], contexts=[0], seconds=[[1.0, 1.0, 3.0]]),
+                            aux_feeds=(SOURCE_FWD, SOURCE_BWD), warm=0, explore_every=1)
+        budget.aux_steps, budget._aux_tokens, budget._aux_seconds = 1, 1.5, 3.0
+        return budget
+
+    for prompt in PROMPTS:
+        budget = narrowing()
+        assert_greedy_lossless(Target(tiny_llama.model), lambda: DRAFTERS["spectra_core"](128), [prompt], 40,
+                               budget=budget)
+        assert budget.widths[0] == 2 and max(budget.widths) == 2  # a width never grows back
+
+
+def test_cpu_preset_under_an_fp32_like_curve_drafts_dry_and_stays_lossless(smollm2):
+    """spectra_core-cpu as shipped (context n-grams, budget auto) under this CPU's fp32 curve: the whole
+    pool is measured first and left out by the end (a narrower one may be tried between); the
+    dictionaries' context n-grams still draft in the steps without it; outputs are unchanged."""
+    from methods.registry import build_method_config
+    from specbench.run.config import load_preset
+
+    steep = CostModel(qs=[1, 2, 3, 4, 16, 128], contexts=[0], seconds=[[1.0, 1.06, 1.12, 1.55, 2.17, 5.87]])
+    name, params, budget_name = load_preset("spectra_core-cpu")
+    assert budget_name == "auto" and params["context_ngrams"] is True
+    cls = get_method(name)
+    budget = AutoBudget(steep, aux_feeds=cls.AUX_FEEDS)
+    assert_greedy_lossless(
+        Target(smollm2.model), lambda: cls(build_method_config(name, params), vocab_size=smollm2.vocab_size),
+        [chat(smollm2, CODE_EDIT)], 96, eos=smollm2.eos_token_ids, budget=budget,
+    )
+    w = budget.widths
+    assert w[0] == 5 and w[-1] == 0  # the whole pool first, none at the end
+    dry = [k for k in budget.stats.drafted if len(k) == 1 and k[0].endswith(DRY)]
+    assert dry and sum(budget.stats.drafted[k] for k in dry) > 0  # without it the dictionaries still drafted
+
+
+def test_trimmed_guesses_still_teach_the_statistics(tiny_llama):
+    budget = AutoBudget(LINEAR)  # trims every guess
+    assert_greedy_lossless(Target(tiny_llama.model), lambda: DRAFTERS["token_recycling"](128), PROMPTS[:1], 40,
+                           budget=budget)
+    assert sum(budget.kept) == 0 and sum(budget.proposed) > 0
+    assert sum(budget.stats.drafted.values()) > 0 and sum(budget.stats.accepted.values()) > 0
+
+
+def narrow_budget() -> AutoBudget:
+    """Past its warm-up, 1.5 tokens a step measured at 3 columns costing 3 steps: under STEP it tries
+    2 of the 3-wide pool."""
+    budget = AutoBudget(STEP, aux_feeds=(SOURCE_FWD, SOURCE_BWD), warm=0, explore_every=1)
+    budget.aux_steps, budget._aux_tokens, budget._aux_seconds = 1, 1.5, 3.0
+    return budget
+
+
+@pytest.mark.parametrize("make_budget", [lambda: AutoBudget(CHEAP, aux_feeds=(SOURCE_FWD, SOURCE_BWD), explore_every=3),
+                                         lambda: AutoBudget(LINEAR, aux_feeds=(SOURCE_FWD, SOURCE_BWD), explore_every=3),
+                                         narrow_budget], ids=["cheap", "linear", "narrow-pool"])
+def test_trimmed_drafts_keep_the_sampling_distribution(make_budget):
+    params = SamplingParams(temperature=1.0)
+    assert_sampling_preserves_distribution(
+        lambda: SpectraCore(SpectraCoreConfig(ngram_size=3, pool_size=3, max_guesses=3), vocab_size=SMALL_VOCAB),
+        params,
+        trials=3000,
+        make_budget=make_budget,
+    )
+
+
+# ----------------------------------------------------------------------------- through the runner
+
+
+def test_runner_records_auto_rows_apart_with_their_curve(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    base = ("experiment=smoke", f"results_dir={tmp_path}", "progress=false", "limit=2", "max_new_tokens=12")
+    run(make_cfg(*base, "budget=auto"))
+    run(make_cfg(*base, "budget=fixed"))
+    df = load_results(tmp_path)
+    method = df[df.method != "autoregressive"]
+    assert set(method.budget) == {"auto", "fixed"}
+    auto = method[method.budget == "auto"]
+    assert all(p.endswith(":auto") for p in auto.preset)  # its own preset: never merged with fixed rows
+    curve = CostModel.from_dict(json.loads(auto.cost_curve.iloc[0]))
+    assert curve.qs[0] == 1 and len(curve.seconds) >= 1
+    assert (df[df.method == "autoregressive"].budget == "fixed").all()
+    ar = {(r.sample_id, r.turn): r.output_ids.tolist() for r in df[df.method == "autoregressive"].itertuples()}
+    assert all(r.output_ids.tolist() == ar[(r.sample_id, r.turn)] for r in auto.itertuples())  # greedy, fp32
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [(("budget=sometimes",), "budget must be one of fixed, auto"),
+     (("method=sps", "model=tiny-llama", "budget=auto"), "use budget=fixed")],
+)
+def test_bad_budget_settings_are_one_line(tmp_path, extra, message):
+    with pytest.raises(ConfigError, match=message):
+        run(make_cfg("experiment=smoke", f"results_dir={tmp_path}", *extra))
+
+
+def test_costs_command_prints_the_curve_and_caches_it(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "SPECBENCH_CACHE": str(tmp_path)}
+    cmd = [sys.executable, "-m", "specbench.costs", "model=tiny-llama"]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "q=128" in out.stdout and "×t(1)" in out.stdout and "context" in out.stderr  # measured, with progress
+    again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert again.stdout == out.stdout and "context" not in again.stderr  # read from the cache
+    bad = subprocess.run([*cmd, "model.dtype=float64"], capture_output=True, text=True, env=env, timeout=300)
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr
+
+
+def test_a_preset_may_name_its_budget_and_the_command_line_wins():
+    from specbench.run.config import effective_budget, method_params
+
+    cfg = make_cfg("experiment=smoke", "method=spectra_core-cpu")
+    assert effective_budget(cfg) == "auto" and "budget" not in method_params(cfg)
+    assert effective_budget(make_cfg("experiment=smoke", "method=spectra_core-cpu", "budget=fixed")) == "fixed"
+    assert effective_budget(make_cfg("experiment=smoke", "method=spectra_core")) == "fixed"  # a paper preset
+
+
+def test_cache_entries_are_written_through_private_temporary_files(tmp_path):
+    from specbench.paths import private_tmp
+
+    a, b = private_tmp(tmp_path / "curve.json"), private_tmp(tmp_path / "curve.json")
+    assert a != b and a.parent == b.parent == tmp_path and a.name.startswith(".curve.json.")
+
+
+@pytest.mark.parametrize("preset", ["spectra_core", "spectra"])
+def test_paper_presets_learn_the_context_only_under_budget_auto(preset):
+    """The paper presets' dictionaries learn from their pool alone (the paper's rule, what the tables
+    reproduce with budget=fixed); under budget=auto, where the pool may be left out, they also learn the
+    context's n-grams, so a run that leaves the pool out still drafts. Resolved as a run resolves it."""
+    from specbench.run.config import validate
+
+    fixed = validate(make_cfg("experiment=smoke", f"method={preset}"))["method"]
+    auto = validate(make_cfg("experiment=smoke", f"method={preset}", "budget=auto"))["method"]
+    assert fixed.context_ngrams is False and auto.context_ngrams is True
+    pinned = validate(make_cfg("experiment=smoke", f"method={preset}", "budget=auto", "method.context_ngrams=false"))
+    assert pinned["method"].context_ngrams is False
+    engine = SpectraCoreEngine(dataclasses.replace(fixed, context_ngrams="auto"))  # built without a budget: fixed
+    engine.start([1, 2, 3, 4, 5, 6, 1, 2])
+    assert engine.dicts.fwd == {}
+    with pytest.raises(ValueError, match="context_ngrams must be true, false or auto"):
+        dataclasses.replace(fixed, context_ngrams="sometimes").validate()
+
+
+def test_compare_models_each_decode_step_at_its_context():
+    """bench/compare.py's model column: each decode step costs t(root + guesses + aux nodes) at the
+    context it ran after (the prompt, then every token before it); the prefill is left out."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from compare import Tally
+
+    from specbench.core.record import GenerationRecord
+
+    grows = CostModel(qs=[1, 2], contexts=[0, 100], seconds=[[1.0, 2.0], [11.0, 12.0]])  # q + context / 10
+    rec = GenerationRecord(prompt_len=10, output_ids=[7] * 6, step_tokens=[1, 3, 2], step_times=[0.5, 0.1, 0.1],
+                           step_drafted=[0, 4, 1], step_aux=[0, 2, 0], step_draft_s=[0, 0, 0], step_lookup_s=[0, 0, 0])
+    tally = Tally()
+    tally.add(rec, 1.0, True, grows)
+    assert tally.modelled_s == pytest.approx((7 + 1.1) + (2 + 1.4))  # after 11 tokens, then after 14
+    plain = Tally()
+    plain.add(rec, 1.0, True)
+    assert plain.modelled_s == 0.0

@@ -1,0 +1,89 @@
+"""The decode loop's own duties: it refuses malformed drafts, a step's time covers all of its work (the
+drafter's and the budget's included), and every count derives from one per-step record."""
+
+import time
+
+import pytest
+
+from specbench.core.decode import generate
+from specbench.core.draft import Draft, Drafter
+from tests.lossless import BigramTarget
+
+PAUSE = 0.03
+
+
+class SlowUpdate(Drafter):
+    """Proposes the bigram target's greedy chain of two tokens; its update takes PAUSE seconds."""
+
+    name = "slow_update"
+
+    def __init__(self, target):
+        super().__init__(vocab_size=8)
+        self.table = target.table
+
+    def propose(self, state):
+        a = int(self.table[state.tokens[-1]].argmax())
+        return Draft.chain([a, int(self.table[a].argmax())], "chain")
+
+    def update(self, result):
+        time.sleep(PAUSE)
+
+
+class SlowFinish:
+    """A budget=auto stand-in: keeps every draft; its end-of-generation work takes PAUSE seconds."""
+
+    def plan(self, draft, seq):
+        return draft
+
+    def record(self, draft, path):
+        pass
+
+    def finish(self, seq):
+        time.sleep(PAUSE)
+
+
+def test_a_steps_time_covers_the_update_and_the_budget_finish():
+    target = BigramTarget()
+    rec = generate(target, SlowUpdate(target), [1, 2, 3], max_new_tokens=9, planner=SlowFinish())
+    decode = rec.step_times[1:]
+    assert all(t >= PAUSE for t in decode)  # the drafter's update is inside every step
+    assert decode[-1] >= 2 * PAUSE  # the budget's finish is inside the last one
+    assert rec.decode_s == sum(decode) and rec.wall_s == rec.prefill_s + rec.decode_s
+
+
+def test_greedy_output_and_counts_agree_when_the_last_step_is_cut():
+    """max_new_tokens cuts the last step's accepted run: its guesses past the cut are neither kept nor
+    counted as accepted, and every count derives from the same per-step record."""
+    target = BigramTarget()
+    rec = generate(target, SlowUpdate(target), [1, 2, 3], max_new_tokens=5)
+    assert rec.new_tokens == 5 and rec.finish_reason == "length"
+    # prefill 1 token, then steps of 3 (two guesses + the target's own): 1 + 3 = 4, then 1 more of 3
+    assert rec.step_tokens == [1, 3, 1] and rec.step_accepted == [0, 2, 1] and rec.dropped == 2
+    assert rec.accepted_per_step == [2, 1]
+    assert dict(rec.accepted_by_position) == {1: 2, 2: 1}
+    assert sum(rec.accepted_by_source.values()) == sum(rec.step_accepted) == 3
+    assert rec.step_depth == [0, 2, 2]
+
+
+class Misordered(Drafter):
+    """Lists a child before its parent: verified as is, its forward would be silently wrong."""
+
+    name = "misordered"
+
+    def propose(self, state):
+        return Draft(tokens=[1, 2], parents=[1, -1], sources=["x", "x"])
+
+
+class Uneven(Drafter):
+    name = "uneven"
+
+    def propose(self, state):
+        return Draft(tokens=[1, 2], parents=[-1], sources=["x", "x"])
+
+
+@pytest.mark.parametrize("make,why", [(Misordered, "must precede"), (Uneven, "differ in length")])
+def test_the_core_refuses_a_malformed_draft_naming_the_method(make, why):
+    with pytest.raises(ValueError, match=f"method '{make.name}' proposed an invalid draft at step 1: .*{why}"):
+        generate(BigramTarget(), make(vocab_size=8), [1, 2, 3], max_new_tokens=5)
+    well_formed = generate(BigramTarget(), SlowUpdate(BigramTarget()), [1, 2, 3], max_new_tokens=3)
+    assert well_formed.new_tokens == 3

@@ -1,0 +1,118 @@
+"""Every registered method through the lossless checks: a new method cannot skip them.
+
+Each method in ``method_names()`` runs with its default settings (plus what the lists below give the
+methods that need a store, a trained head or a model of their own) through
+
+* the greedy check: output equal to autoregressive decoding, token for token, on a tiny Llama;
+* the sampling check: the first tokens' joint distribution against the target's exact one (chi-square).
+
+A method missing from the lists below that cannot run on its defaults fails here, naming itself.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from methods.registry import build_method_config, get_method, method_names
+from specbench.core.acceptance import SamplingParams
+from specbench.core.draft import DrafterContext
+from specbench.drafting.acceptance_head import AcceptanceHead, save_head
+from specbench.stores.datastore import write_store
+from tests.lossless import (
+    SMALL_VOCAB,
+    BigramTarget,
+    assert_greedy_lossless,
+    assert_sampling_preserves_distribution,
+    counting_proposals,
+    small_vocab_target,
+)
+
+# Methods that read a retrieval store: they get a small one over the 8-token vocabulary.
+NEEDS_STORE = {"rest", "spectra_retrieval", "spectra", "lookahead_rest"}
+# Methods that read a trained head: they get a randomly initialised one (the head only decides when a
+# draft stops; what verification keeps does not depend on it).
+NEEDS_HEAD = {"specdec_pp"}
+# Methods that run a draft model: it is the target's first layer (self-draft), so they need a real model.
+NEEDS_MODEL = {"sps", "specdec_pp"}
+# Methods that never draft: they pass the checks trivially and are run anyway.
+NEVER_DRAFTS = {"autoregressive"}
+# Settings that make a method draft within the few tokens a sampling trial generates: Lookahead's pool
+# otherwise fills only after its window has run for N - 1 steps.
+QUICK_START = {"lookahead": {"pool_from_prompt": True}}
+
+TARGET_NAME = "small"
+GREEDY_PROMPTS = [[1, 2, 3, 1, 2, 3, 1, 2], [5, 6, 7, 5, 6, 7, 5]]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    ident = {"name": "small", "vocab_size": SMALL_VOCAB, "vocab_sha256": "s" * 64}
+    docs = [[1, 2, 3, 1, 2, 3, 4, 1, 2, 3], [2, 3, 4, 5, 6], [3, 1, 2, 0, 7, 1], [5, 6, 7, 5, 6, 7, 5, 6]]
+    docs.append([t for a in range(SMALL_VOCAB) for b in range(SMALL_VOCAB) for t in (a, b)])  # every bigram
+    return write_store(tmp_path_factory.mktemp("contract") / "s", docs, tokenizer=ident, source={},
+                       progress=False).path
+
+
+@pytest.fixture(scope="module")
+def target():
+    return small_vocab_target()
+
+
+def _head(tmp_path, name: str, params: dict, hidden: int, greedy: bool) -> str:
+    config = build_method_config(name, params)
+    torch.manual_seed(0)
+    path = tmp_path / f"{name}-{'greedy' if greedy else 'sampled'}.pt"
+    save_head(path, AcceptanceHead(hidden, 2), {"target": TARGET_NAME, "draft": config.identity(),
+                                                 "temperature": 0.0 if greedy else 1.0})
+    return str(path)
+
+
+def _maker(name, store, target, tmp_path, sampling: SamplingParams):
+    params: dict = dict(QUICK_START.get(name, {})) if not sampling.greedy else {}
+    if name in NEEDS_STORE:
+        params["datastore"] = str(store)
+        if "refine" in {f for f in get_method(name).Config.__dataclass_fields__}:
+            params["refine"] = False
+    if name in NEEDS_MODEL:
+        params["self_first_layers"] = 1
+    if name in NEEDS_HEAD:
+        params["head_path"] = _head(tmp_path, name, params, target.model.config.hidden_size, sampling.greedy)
+    config = build_method_config(name, params)
+    cls = get_method(name)
+    seeds = itertools.count()
+
+    def make():
+        context = DrafterContext(sampling=sampling, target_model=target.model, target_name=TARGET_NAME)
+        return cls(config, vocab_size=SMALL_VOCAB, seed=next(seeds), context=context)
+
+    return make
+
+
+def test_the_lists_name_registered_methods():
+    for group in (NEEDS_STORE, NEEDS_HEAD, NEEDS_MODEL, NEVER_DRAFTS, set(QUICK_START)):
+        assert group <= set(method_names())
+
+
+@pytest.mark.parametrize("name", method_names())
+def test_greedy_output_is_autoregressive(name, store, target, tmp_path):
+    proposed: list[int] = []
+    make = counting_proposals(_maker(name, store, target, tmp_path, SamplingParams()), proposed)
+    assert_greedy_lossless(target, make, GREEDY_PROMPTS, 24)
+    if name not in NEVER_DRAFTS:
+        assert sum(proposed) > 0, f"{name} proposed nothing: the check saw no draft"
+
+
+@pytest.mark.parametrize("name", method_names())
+def test_sampling_keeps_the_target_distribution(name, store, target, tmp_path):
+    params = SamplingParams(temperature=1.0)
+    proposed: list[int] = []
+    # a bigram target (no model: fast) unless the method runs the target's own layers
+    on = target if name in NEEDS_MODEL else BigramTarget()
+    make = counting_proposals(_maker(name, store, target, tmp_path, params), proposed)
+    assert_sampling_preserves_distribution(make, params, target=on, trials=600 if name in NEEDS_MODEL else 1500,
+                                           extra=2)
+    if name not in NEVER_DRAFTS:
+        assert sum(proposed) > 0, f"{name} proposed nothing: the check saw no draft"

@@ -1,0 +1,279 @@
+"""Draft-model speculative sampling (methods/sps.py) and the draft model behind it (specbench/drafting/draft_model.py).
+
+The draft runs a model part by part with its own cache: with every layer it
+must be the model itself (and then, greedy or not, every drafted token is
+accepted, which also shows its cache follows the committed tokens). Greedy
+output equals autoregressive output on the tiny models (self-draft and a
+separate draft model) and on SmolLM2 (self-draft); sampling keeps the target's
+distribution with a separate small random draft whose vocabulary is shorter
+than the target's (q padded) and with a self-draft.
+"""
+
+from __future__ import annotations
+
+import itertools
+from types import SimpleNamespace
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from methods.registry import build_method_config, get_method
+from methods.sps import SpeculativeSampling, SpSConfig
+from specbench.core.acceptance import SamplingParams
+from specbench.core.draft import SOURCE_MODEL, DecodeState, DrafterContext
+from specbench.core.forward import Target
+from specbench.drafting.draft_model import DraftLM, DraftModelSettings
+from specbench.errors import ConfigError, ModelLoadError, UnknownNameError
+from specbench.models import build_tiny_tokenizer, load_model, model_preset
+from tests.conftest import CONF
+from tests.lossless import (
+    CODE_EDIT,
+    LONG,
+    SMALL_VOCAB,
+    assert_eos_inside_accepted_run,
+    assert_greedy_lossless,
+    assert_max_new_tokens_cuts_accepted_runs,
+    assert_sampling_preserves_distribution,
+    chat,
+    small_vocab_target,
+)
+
+TEXTS = ["abcabcabcabc", "Hello world. Hello world. Hello", "the quick brown fox"]
+
+
+def self_context(lm, sampling=None) -> DrafterContext:
+    return DrafterContext(sampling=sampling, target_model=lm.model, target_name=lm.name)
+
+
+def sps(lm, sampling=None, seed=0, **cfg):
+    return SpeculativeSampling(
+        SpSConfig(**cfg), vocab_size=lm.vocab_size, seed=seed, tokenizer=lm.tokenizer,
+        context=self_context(lm, sampling),
+    )
+
+
+# ---------------------------------------------------------------- configs and early errors
+
+
+def test_presets_hold_valid_configs():
+    params = OmegaConf.to_container(OmegaConf.load(CONF / "method" / "sps.yaml"))
+    assert params.pop("name") == "sps" and get_method("sps") is SpeculativeSampling
+    assert build_method_config("sps", params) == SpSConfig()
+    assert SpSConfig().k == 5 and SpSConfig().draft_model == "self"
+    assert SpSConfig().identity() == "self-skip12-13-14-15"
+    assert SpSConfig(self_first_layers=3).identity() == "self-first3"  # the first layers win when set
+    for path in sorted((CONF / "method").glob("sps-*.yaml")):
+        params = OmegaConf.to_container(OmegaConf.load(path))
+        params.pop("name")
+        config = build_method_config("sps", params)
+        config.preflight()  # the draft model preset exists and is well formed
+        assert config.draft_model != "self"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [dict(k=0), dict(self_first_layers=0), dict(self_first_layers=None, self_skip_layers=None),
+     dict(self_skip_layers=[-1])],
+)
+def test_bad_settings_are_rejected(bad):
+    with pytest.raises(ValueError, match="sps|self-draft"):
+        build_method_config("sps", bad)
+
+
+def test_unknown_draft_model_fails_in_preflight():
+    config = build_method_config("sps", {"draft_model": "llama-86m"})
+    with pytest.raises(UnknownNameError, match="unknown model 'llama-86m'; did you mean 'llama-68m'"):
+        SpeculativeSampling.preflight(config, None)
+
+
+def test_hub_draft_unavailable_offline_is_one_line(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    with pytest.raises(ModelLoadError, match="hf download JackFram/llama-68m") as err:
+        load_model(model_preset("llama-68m"), {"device": "cpu"})
+    assert "\n" not in str(err.value)
+
+
+def test_self_draft_layer_choice_must_exist(tiny_llama):
+    with pytest.raises(ConfigError, match="keeps 3 layers but the target has 2"):
+        sps(tiny_llama, self_first_layers=3)
+    with pytest.raises(ConfigError, match="skips every layer"):
+        sps(tiny_llama, self_first_layers=None, self_skip_layers=[0, 1])
+    assert DraftModelSettings(self_first_layers=None, self_skip_layers=[3, 1]).identity() == "self-skip1-3"
+
+
+def test_draft_with_another_tokenizer_is_refused_before_generation(tiny_llama):
+    other = SimpleNamespace(model=tiny_llama.model, tokenizer=build_tiny_tokenizer(130))
+    ctx = DrafterContext(load_model=lambda name: other)
+    with pytest.raises(ConfigError, match="does not share the target's tokenizer"):
+        SpeculativeSampling(SpSConfig(draft_model="other", self_first_layers=None), vocab_size=128,
+                            tokenizer=tiny_llama.tokenizer, context=ctx)
+
+
+# ---------------------------------------------------------------- the draft model
+
+
+@pytest.mark.parametrize("name", ["tiny_llama", "tiny_gemma3"])
+def test_draft_lm_with_every_layer_is_the_model(request, name):
+    lm = request.getfixturevalue(name)
+    ids = lm.tokenizer.encode("hello world, long enough to pass the sliding window")
+    with torch.no_grad():
+        ref = lm.model(input_ids=torch.tensor([ids])).logits[0]
+        d = DraftLM(lm.model, None, lm.vocab_size)
+        logits, _ = d.forward(ids[:5], every_position=True)
+        torch.testing.assert_close(logits, ref[:5], atol=1e-5, rtol=1e-5)
+        for i in range(5, len(ids)):
+            torch.testing.assert_close(d.forward([ids[i]])[0], ref[i], atol=1e-5, rtol=1e-5)
+        d.catch_up(ids[:8] + [40, 41, 42])  # a wrong continuation, as after a rejection
+        assert d.tokens == ids[:8] + [40, 41, 42]
+        torch.testing.assert_close(d.catch_up(ids)[0], ref[-1], atol=1e-5, rtol=1e-5)  # cropped back
+        assert d.tokens == ids
+
+
+def test_q_is_padded_to_the_target_vocabulary():
+    torch.manual_seed(1)
+    small = AutoModelForCausalLM.from_config(
+        LlamaConfig(vocab_size=6, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                    num_attention_heads=2, num_key_value_heads=1)).eval()
+    d = DraftLM(small, None, vocab_size=8)
+    with torch.no_grad():
+        logits, _ = d.forward([1, 2, 3])
+    q = d.q(logits, SamplingParams(temperature=1.0))
+    assert q.shape == (8,) and float(q[6:].abs().sum()) == 0 and abs(float(q.sum()) - 1) < 1e-6
+
+
+def test_proposal_is_a_chain_of_at_most_k_within_the_budget(tiny_llama):
+    d = sps(tiny_llama, SamplingParams(temperature=1.0), self_first_layers=1, k=4)
+    prompt = tiny_llama.tokenizer.encode(TEXTS[0])
+    d.new_turn(prompt)
+    draft = d.propose(DecodeState(prompt, len(prompt), max_new_tokens=50))
+    assert len(draft) == 4 and draft.is_chain() and draft.sources == [SOURCE_MODEL] * 4
+    assert draft.draft_probs.shape == (4, tiny_llama.vocab_size)
+    assert torch.allclose(draft.draft_probs.sum(-1), torch.ones(4))
+    assert len(d.propose(DecodeState(prompt, len(prompt), max_new_tokens=3))) == 2
+    assert d.propose(DecodeState(prompt, len(prompt), max_new_tokens=1)) is None
+
+
+# ---------------------------------------------------------------- greedy
+
+
+@pytest.fixture(scope="module", params=["tiny_llama", "tiny_gemma3"])
+def tiny(request):
+    lm = request.getfixturevalue(request.param)
+    return Target(lm.model), lm
+
+
+@pytest.mark.parametrize("layers", [dict(self_first_layers=1), dict(self_first_layers=None, self_skip_layers=[0])])
+def test_greedy_lossless_self_draft_on_tiny_models(tiny, layers):
+    target, lm = tiny
+    prompts = [lm.tokenizer.encode(t) for t in TEXTS]
+    recs = assert_greedy_lossless(target, lambda: sps(lm, **layers), prompts, 64)
+    assert all(set(r.drafted_by_source) == {SOURCE_MODEL} for r in recs)
+
+
+def test_every_layer_kept_accepts_every_draft(tiny_llama):
+    """q = p: every drafted token is accepted, greedy or sampled (the draft cache follows the output)."""
+    target = Target(tiny_llama.model)
+    prompt = tiny_llama.tokenizer.encode(TEXTS[1])
+    recs = assert_greedy_lossless(target, lambda: sps(tiny_llama, self_first_layers=2, k=5), [prompt], 64)
+    assert recs[0].step_tokens[1:-1] == [6] * (len(recs[0].step_tokens) - 2)
+    from specbench.core.decode import generate
+
+    params = SamplingParams(temperature=1.0)
+    rec = generate(target, sps(tiny_llama, params, self_first_layers=2, k=5), prompt, max_new_tokens=64,
+                   sampling=params, generator=torch.Generator().manual_seed(0))
+    assert rec.step_tokens[1:-1] == [6] * (len(rec.step_tokens) - 2)
+
+
+def test_greedy_lossless_with_a_separate_draft_model(tiny_llama):
+    draft = load_model(OmegaConf.load(CONF / "model" / "tiny-llama-draft.yaml"), {"device": "cpu"})
+    ctx = DrafterContext(load_model=lambda name: draft)
+
+    def make():
+        return SpeculativeSampling(SpSConfig(draft_model="tiny-llama-draft", self_first_layers=None),
+                                   vocab_size=128, tokenizer=tiny_llama.tokenizer, context=ctx)
+
+    prompts = [tiny_llama.tokenizer.encode(t) for t in TEXTS]
+    assert_greedy_lossless(Target(tiny_llama.model), make, prompts, 48)
+
+
+def test_eos_and_max_new_tokens_inside_accepted_runs(tiny_llama):
+    target = Target(tiny_llama.model)
+    text = tiny_llama.tokenizer.encode(TEXTS[1])
+    assert_eos_inside_accepted_run(target, lambda: sps(tiny_llama, self_first_layers=1), text)
+    assert_max_new_tokens_cuts_accepted_runs(target, lambda: sps(tiny_llama, self_first_layers=1), text)
+
+
+# ---------------------------------------------------------------- sampling
+
+
+def small_draft(vocab: int = 6, seed: int = 1):
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(8.0)
+    return SimpleNamespace(model=model, tokenizer=None)
+
+
+@pytest.mark.parametrize(
+    "params", [SamplingParams(temperature=1.0), SamplingParams(temperature=1.0, top_p=0.9)], ids=["t1", "top_p"]
+)
+@pytest.mark.parametrize("draft", ["separate", pytest.param("self", marks=pytest.mark.slow)])
+def test_sampling_keeps_the_target_distribution(params, draft):
+    target = small_vocab_target()
+    other = small_draft()
+    if draft == "separate":
+        settings = dict(draft_model="small", self_first_layers=None)
+        ctx = DrafterContext(sampling=params, load_model=lambda name: other)
+    else:
+        settings = dict(self_first_layers=1)
+        ctx = DrafterContext(sampling=params, target_model=target.model)
+    seeds = itertools.count()
+    accepted = []
+
+    def make():
+        d = SpeculativeSampling(SpSConfig(k=3, **settings), vocab_size=SMALL_VOCAB, seed=next(seeds), context=ctx)
+        update = d.update
+        d.update = lambda result: (accepted.append(result.n_accepted), update(result))
+        return d
+
+    assert_sampling_preserves_distribution(make, params, target=target, trials=1500)
+    assert sum(accepted) > 0  # drafts were accepted, not only rejected
+
+
+# ---------------------------------------------------------------- SmolLM2
+
+
+@pytest.mark.slow  # a real model over long outputs: tests/methods/test_contract.py covers the method on tiny ones
+def test_greedy_lossless_self_draft_on_smollm2(smollm2):
+    target = Target(smollm2.model)
+    recs = assert_greedy_lossless(target, lambda: sps(smollm2), [chat(smollm2, CODE_EDIT)], 64,
+                                  eos=smollm2.eos_token_ids)
+    recs += assert_greedy_lossless(target, lambda: sps(smollm2, self_first_layers=6, k=3), [chat(smollm2, LONG)], 48)
+    assert all(r.steps < r.new_tokens for r in recs)  # the self-draft's guesses are accepted
+
+
+# ---------------------------------------------------------------- through the runner
+
+
+def test_run_with_a_separate_draft_model_preset(tmp_path):
+    from specbench.run.runner import run
+    from tests.run.test_runner import cfg_for
+
+    summary = run(cfg_for(tmp_path, "method=sps", "method.draft_model=tiny-llama-draft",
+                          "method.self_first_layers=null"))
+    row = summary.set_index("method").loc["sps"]
+    assert row.greedy_match == 1.0
+
+
+def test_run_with_an_unknown_draft_fails_before_the_model_loads(tmp_path, monkeypatch):
+    from specbench.run import runner
+    from tests.run.test_runner import cfg_for
+
+    monkeypatch.setattr(runner, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    with pytest.raises(UnknownNameError, match="unknown model 'tiny-lama-draft'"):
+        runner.run(cfg_for(tmp_path, "method=sps", "method.draft_model=tiny-lama-draft"))
