@@ -66,7 +66,7 @@ class SpecDecPP(ModelDrafter):
         if not path.is_file():
             raise ConfigError(missing_head(path, target, self.config, greedy))
         hidden = self.lm.base.config.hidden_size
-        self.head = load_head(path, target, self.config.identity(), hidden, greedy).to(self.lm.shape.device)
+        self.head = load_head(path, target, self.config.identity(), hidden, greedy).to(self.lm.hidden_device)
         self.kept = 1.0
 
     @classmethod

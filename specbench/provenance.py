@@ -70,10 +70,36 @@ def device_name(device: str | torch.device) -> str:
     return str(dev)
 
 
-def environment_info(device: str | torch.device) -> dict[str, Any]:
-    """Code and software versions plus the device name (no hostname)."""
+def driver_version() -> str:
+    """The NVIDIA driver's version ("" without CUDA or when it cannot be read)."""
+    if not torch.cuda.is_available():
+        return ""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        version = pynvml.nvmlSystemGetDriverVersion()
+        return version.decode() if isinstance(version, bytes) else str(version)
+    except Exception:  # no pynvml, or NVML refused: ask nvidia-smi
+        pass
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10, check=True)
+        return out.stdout.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return ""
+
+
+def environment_info(device: str | torch.device, *, devices: list | None = None, quantization: str = "",
+                     device_map: str = "") -> dict[str, Any]:
+    """Code and software versions, the device's name and the model's placement (no hostname).
+
+    ``devices``: every device holding the model's weights (``Target.devices``); ``gpu_count`` counts the
+    GPUs among them. ``quantization`` and ``device_map`` as the model was loaded (``LoadedModel``).
+    """
     import transformers
 
+    gpus = {str(d) for d in (devices or [device]) if torch.device(d).type == "cuda"}
     return {
         "git_commit": git_commit(),
         "specbench_version": specbench.__version__,
@@ -81,6 +107,11 @@ def environment_info(device: str | torch.device) -> dict[str, Any]:
         "torch_version": torch.__version__,
         "transformers_version": transformers.__version__,
         "device_name": device_name(device),
+        "gpu_count": str(len(gpus)),
+        "device_map": device_map or "",
+        "quantization": quantization or "",
+        "cuda_version": (torch.version.cuda or "") if gpus else "",
+        "driver_version": driver_version() if gpus else "",
     }
 
 

@@ -6,16 +6,18 @@ about what q = 1 does; on a CPU the cost grows with q, and in half precision
 without native kernels it grows steeply. ``budget=auto`` (:mod:`specbench.budget.planner`)
 sizes each step's block from this curve.
 
-:func:`measure` times ``Target.forward_draft`` itself (a tree block through the
-custom mask, every row's logits, then the cache cropped back), for a few block
-sizes at two context lengths, after a warm-up, the device synchronised around
-each forward. It keeps the fastest of a few repeats (other work on the machine
-only ever adds time) and then makes each row non-decreasing in q (pool adjacent
-violators: a block never costs less than a smaller one). :class:`CostModel`
-interpolates linearly in q and in c (and extends the last slope beyond the
-largest q measured). Curves are cached per machine, software, model, dtype and
-attention implementation under ``$SPECBENCH_CACHE/costs/``; runs store the curve
-they used in their provenance.
+:func:`measure` times what a step's verification costs: ``Target.forward_draft``
+(a tree block through the custom mask, every row's logits) and the cache's
+compaction to an accepted path of up to three guesses, for a few block sizes at a
+few context lengths (to 1,024 tokens on a CPU, to 4,096 on a GPU, within the
+model's context), after a warm-up, every device synchronised around each step. It
+keeps the fastest of a few repeats (other work on the machine only ever adds
+time) and then makes each row non-decreasing in q (pool adjacent violators: a
+block never costs less than a smaller one). :class:`CostModel` interpolates
+linearly in q and in c, and extends the last slopes beyond the largest q and c
+measured. Curves are cached per machine, software, model, dtype, attention
+implementation and placement (quantization, GPUs used, CUDA version) under
+``$SPECBENCH_CACHE/costs/``; runs store the curve they used in their provenance.
 
 ``python -m specbench.costs`` prints the curve (:mod:`specbench.cli.costs`).
 """
@@ -36,9 +38,10 @@ import torch
 from specbench.core.draft import Draft
 
 QS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)  # block sizes timed: dense where CPU kernels step (bench/README.md)
-CONTEXTS = (128, 1024)
+CONTEXTS = (128, 1024)  # on a CPU; GPU_CONTEXTS on a GPU (MT-Bench's second turn reaches 2-3k tokens)
+GPU_CONTEXTS = (128, 1024, 2048, 4096)
 COST_DIR = "costs"
-MEASURE_VERSION = 3  # part of the cache key: a changed measurement invalidates cached curves
+MEASURE_VERSION = 4  # part of the cache key: a changed measurement invalidates cached curves
 
 
 @dataclass
@@ -72,11 +75,9 @@ class CostModel:
         cs = self.contexts
         if len(cs) == 1 or context <= cs[0]:
             return self._row(0, q)
-        if context >= cs[-1]:
-            return self._row(len(cs) - 1, q)
-        i = bisect.bisect_right(cs, context) - 1
+        i = min(bisect.bisect_right(cs, context) - 1, len(cs) - 2)  # past the last context: its slope goes on
         w = (context - cs[i]) / (cs[i + 1] - cs[i])
-        return (1 - w) * self._row(i, q) + w * self._row(i + 1, q)
+        return max((1 - w) * self._row(i, q) + w * self._row(i + 1, q), 1e-9)
 
     def relative(self, context: float = 0) -> list[float]:
         """t(q) / t(1) at each measured q: the price of a block in single steps."""
@@ -124,12 +125,29 @@ def _tree(q: int, vocab: int, gen: torch.Generator) -> Draft:
     return Draft(tokens=tokens, parents=parents, sources=["cost"] * n)
 
 
+def contexts_for(target: Any, context_length: int | None = None, qs=QS) -> tuple[int, ...]:
+    """The context lengths to time: :data:`GPU_CONTEXTS` on a GPU, :data:`CONTEXTS` on a CPU, those that leave
+    room for the largest block within ``context_length``."""
+    wanted = GPU_CONTEXTS if target.is_cuda else CONTEXTS
+    if not context_length:
+        return wanted
+    fit = tuple(c for c in wanted if c + max(qs) <= context_length)
+    return fit or (max(1, context_length - max(qs)),)
+
+
+def _path(q: int) -> list[int]:
+    """An accepted path of up to three guesses down the first chain of :func:`_tree`'s block."""
+    return list(range(0, q - 1, 2))[:3]
+
+
 @torch.inference_mode()
-def measure(target: Any, vocab_size: int, *, qs=QS, contexts=CONTEXTS, repeats: int = 3, warmup: int = 2,
-            seed: int = 0, progress: bool = False) -> CostModel:
-    """Time ``target.forward_draft`` for every block size and context length (median of ``repeats``)."""
+def measure(target: Any, vocab_size: int, *, qs=QS, contexts=None, repeats: int = 3, warmup: int = 2,
+            seed: int = 0, progress: bool = False, context_length: int | None = None) -> CostModel:
+    """Time a verification (``forward_draft``, then ``compact``) for every block size and context length;
+    keep the fastest of ``repeats``. ``contexts`` defaults to :func:`contexts_for`."""
     from specbench.provenance import device_name
 
+    contexts = tuple(contexts) if contexts else contexts_for(target, context_length, qs)
     gen = torch.Generator().manual_seed(seed)
     seconds: list[list[float]] = []
     for ctx in contexts:
@@ -145,6 +163,7 @@ def measure(target: Any, vocab_size: int, *, qs=QS, contexts=CONTEXTS, repeats: 
                 target.sync()
                 t0 = perf_counter()
                 target.forward_draft(prompt[-1], draft, cache)
+                target.compact(cache, past, _path(q))
                 target.sync()
                 if r >= warmup:
                     times.append(perf_counter() - t0)
@@ -156,14 +175,18 @@ def measure(target: Any, vocab_size: int, *, qs=QS, contexts=CONTEXTS, repeats: 
     return CostModel(list(qs), list(contexts), seconds, device_name=device_name(target.device))
 
 
-def cost_key(model_name: str, dtype: str, attn: str, device: Any) -> str:
-    """Which machine, software and model a curve belongs to."""
+def cost_key(model_name: str, dtype: str, attn: str, device: Any, *, devices: list | None = None,
+             quantization: str = "", device_map: str = "") -> str:
+    """Which machine, software, model and placement a curve belongs to: int8 on one GPU and fp16 over
+    two, four or eight never share one."""
     import transformers
 
     from specbench.provenance import device_name
 
+    gpus = sorted({str(d) for d in (devices or [device]) if torch.device(d).type == "cuda"})
     ident = [MEASURE_VERSION, model_name, dtype, attn, device_name(device), torch.__version__,
-             transformers.__version__]
+             transformers.__version__, quantization, device_map, [device_name(g) for g in gpus],
+             (torch.version.cuda or "") if gpus else ""]
     return hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:16]
 
 
@@ -180,13 +203,15 @@ def load_or_measure(loaded: Any, model_name: str, dtype: str, attn: str, *, reme
     from specbench.paths import private_tmp
 
     target = Target(loaded.model)
-    key = cost_key(model_name, dtype, attn, target.device)
+    key = cost_key(model_name, dtype, attn, target.device, devices=target.devices,
+                   quantization=getattr(loaded, "quantization", ""), device_map=getattr(loaded, "device_map", ""))
     path = cost_path(key, model_name, dtype)
     if path.exists() and not remeasure:
         try:
             return CostModel.from_dict(json.loads(path.read_text()))
         except (ValueError, KeyError, TypeError):
             pass  # an unreadable cache entry is measured again
+    measure_kw.setdefault("context_length", getattr(loaded, "context_length", None))
     model = measure(target, loaded.vocab_size, progress=progress, **measure_kw)
     model.key = key
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import torch
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
 from specbench import data as datasets_
@@ -22,7 +21,7 @@ from specbench.drafting.acceptance_head import AcceptanceHead, head_file, save_h
 from specbench.drafting.draft_model import build_draft_lm
 from specbench.drafting.head_training import collect, train
 from specbench.errors import ConfigError, one_line_errors
-from specbench.models import load_model, model_preset
+from specbench.models import load_draft, load_model
 from specbench.paths import CONF_DIR
 from specbench.run.config import validate
 
@@ -60,7 +59,7 @@ def main(argv: list[str] | None = None) -> Path:
     loaded = load_model(cfg.model, cfg.hardware)
     context = DrafterContext(
         target_model=loaded.model, target_name=loaded.name, device=loaded.device,
-        load_model=lambda name: load_model(OmegaConf.merge(model_preset(name), {"dtype": loaded.dtype}), cfg.hardware),
+        load_model=lambda name: load_draft(name, loaded.dtype, cfg.hardware),
     )
     draft_lm = build_draft_lm(settings, context, loaded.tokenizer, loaded.vocab_size)
     chat = bool(cfg.model.get("chat", True))

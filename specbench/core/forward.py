@@ -14,6 +14,13 @@ mask, so compaction never has to reason about evicted entries.
 After acceptance the cache keeps prefix + root + accepted path: those entries
 are gathered to the front of the block, then the cache is cropped. Auxiliary
 and rejected entries never survive a step. Drafters never see the cache.
+
+Placement: the input ids, positions and mask go to the embedding's device (a
+sharded model's hooks move them on from there), the index of the rows whose
+logits are kept to the output layer's device, and the compaction index to each
+layer's cache device, once per device. On CUDA each comes from pinned host
+memory without waiting for the device: a step's only host syncs are the ones
+that read its logits and the timing's.
 """
 
 from __future__ import annotations
@@ -23,6 +30,23 @@ import torch
 from transformers import DynamicCache
 
 from specbench.core.draft import Draft
+
+
+def model_devices(model: torch.nn.Module) -> list[torch.device]:
+    """Every device holding a parameter of ``model``, in the order the parameters come."""
+    seen: dict[torch.device, None] = {}
+    for param in model.parameters():
+        seen.setdefault(param.device, None)
+    return list(seen)
+
+
+def upload(values, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Host values (a list or array) as a tensor on ``device``; on CUDA through pinned memory, asynchronously
+    (a plain ``torch.tensor(..., device=cuda)`` copies from pageable memory and waits for the device)."""
+    tensor = torch.as_tensor(values, dtype=dtype)
+    if torch.device(device).type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 def block_layout(draft: Draft) -> tuple[np.ndarray, np.ndarray]:
@@ -53,17 +77,35 @@ class Target:
         self.layer_types = list(getattr(config, "layer_types", None) or [])
         self.sliding_window = getattr(config, "sliding_window", None)
         self.has_sliding = "sliding_attention" in self.layer_types and bool(self.sliding_window)
-        self.device = model.get_input_embeddings().weight.device
+        self.device = model.get_input_embeddings().weight.device  # ids, positions and masks go here
+        self.head_device = model.get_output_embeddings().weight.device  # the kept rows' index goes here
+        self.devices = model_devices(model)
         self.dtype = next(model.parameters()).dtype
-        self.is_cuda = self.device.type == "cuda"
+        self.is_cuda = any(d.type == "cuda" for d in self.devices)
 
     def new_cache(self) -> DynamicCache:
         # No config on purpose: every layer keeps every position (see module docstring).
         return DynamicCache()
 
     def sync(self) -> None:
+        """Wait for every GPU the model is on (a sharded model's last layers run on the last one)."""
         if self.is_cuda:
-            torch.cuda.synchronize(self.device)
+            for device in self.devices:
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+
+    def reset_peak_memory(self) -> None:
+        for device in self.devices:
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+
+    def peak_memory_gb(self) -> float:
+        """The most GPU memory held at once since :meth:`reset_peak_memory`, summed over the model's GPUs
+        (NaN on the CPU, where it is not tracked)."""
+        gpus = [d for d in self.devices if d.type == "cuda"]
+        if not gpus:
+            return float("nan")
+        return sum(torch.cuda.max_memory_allocated(d) for d in gpus) / 1e9
 
     def _forward(
         self, ids: torch.Tensor, positions: torch.Tensor, mask, cache, keep_last: int = 0
@@ -80,53 +122,61 @@ class Target:
 
     def prefill(self, prompt_ids: list[int], cache: DynamicCache) -> torch.Tensor:
         """Run the prompt; return the logits that follow its last token."""
-        ids = torch.tensor([prompt_ids], device=self.device)
+        ids = upload([prompt_ids], self.device)
         positions = torch.arange(len(prompt_ids), device=self.device)[None]
         return self._forward(ids, positions, None, cache, keep_last=1)[-1]
 
-    def _mask(self, vis: np.ndarray, offsets: np.ndarray, past_len: int):
+    def _mask(self, vis: np.ndarray, offsets: np.ndarray, past_len: int, positions: torch.Tensor | None = None):
+        """The float mask ``[1, 1, q, past_len + q]``, built on the device: only the block's visibility
+        (q × q) crosses from the host; the prefix columns are zeros made there. ``positions`` (the rows'
+        absolute positions, on the device) saves an upload when the caller has them."""
         q = len(offsets)
-        allowed = torch.ones((q, past_len + q), dtype=torch.bool)
-        allowed[:, past_len:] = torch.from_numpy(vis)
         neg = torch.finfo(self.dtype).min
+        hidden = ~upload(vis, self.device)  # the block's entries a row may not see
 
-        def to_float(ok: torch.Tensor) -> torch.Tensor:
-            mask = torch.zeros(ok.shape, dtype=self.dtype).masked_fill(~ok, neg)
-            return mask[None, None].to(self.device)
+        def full(block_hidden: torch.Tensor) -> torch.Tensor:
+            mask = torch.zeros((1, 1, q, past_len + q), dtype=self.dtype, device=self.device)
+            mask[0, 0, :, past_len:].masked_fill_(block_hidden, neg)
+            return mask
 
         if not self.has_sliding:
-            return to_float(allowed)
-        q_pos = torch.from_numpy(offsets + past_len)
-        k_pos = torch.cat([torch.arange(past_len), q_pos])
-        in_window = (q_pos[:, None] - k_pos[None, :]) < self.sliding_window
-        return {"full_attention": to_float(allowed), "sliding_attention": to_float(allowed & in_window)}
+            return full(hidden)
+        q_pos = positions.reshape(-1) if positions is not None else upload(offsets + past_len, self.device)
+        k_pos = torch.cat([torch.arange(past_len, device=self.device), q_pos])
+        sliding = full(hidden).masked_fill_((q_pos[:, None] - k_pos[None, :] >= self.sliding_window)[None, None], neg)
+        return {"full_attention": full(hidden), "sliding_attention": sliding}
 
     def forward_draft(self, root: int, draft: Draft, cache: DynamicCache) -> torch.Tensor:
         """Logits after the root, every guess and every auxiliary node (or those of
         ``draft.aux_logit_rows``): ``[1 + n + n_aux, vocab]``."""
         past_len = cache.get_seq_length()
         tokens = [root] + list(draft.tokens) + list(draft.aux_tokens)
-        ids = torch.tensor([tokens], device=self.device)
+        ids = upload([tokens], self.device)
         if not draft.aux_tokens and draft.is_chain():
             # A chain is plain causal attention: let the model build its own mask (fast path).
             positions = torch.arange(past_len, past_len + len(tokens), device=self.device)[None]
             return self._forward(ids, positions, None, cache)
         vis, offsets = block_layout(draft)
-        positions = torch.from_numpy(offsets + past_len).to(self.device)[None]
+        positions = upload(offsets + past_len, self.device)[None]
         keep = 0
         if draft.aux_logit_rows is not None:  # the output layer only where logits are used
             first_aux = 1 + len(draft.tokens)
             rows = list(range(first_aux)) + [first_aux + j for j in draft.aux_logit_rows]
-            keep = torch.tensor(rows, device=self.device)
-        return self._forward(ids, positions, self._mask(vis, offsets, past_len), cache, keep_last=keep)
+            keep = upload(rows, self.head_device)  # it indexes the final hidden states, on the head's device
+        mask = self._mask(vis, offsets, past_len, positions)
+        return self._forward(ids, positions, mask, cache, keep_last=keep)
 
     @staticmethod
     def compact(cache: DynamicCache, past_len: int, accepted_nodes: list[int]) -> None:
         """Keep prefix + root + the accepted guesses (block rows 1 + i), drop the rest."""
         keep = [0] + [1 + i for i in accepted_nodes]
         if keep != list(range(len(keep))):
+            index: dict[torch.device, torch.Tensor] = {}  # one upload per device, not one per layer
             for layer in cache.layers:
-                idx = torch.tensor(keep, device=layer.keys.device) + past_len
+                device = layer.keys.device
+                if device not in index:
+                    index[device] = upload([past_len + k for k in keep], device)
+                idx = index[device]
                 layer.keys[..., past_len : past_len + len(keep), :] = layer.keys.index_select(-2, idx)
                 layer.values[..., past_len : past_len + len(keep), :] = layer.values.index_select(-2, idx)
         drop = cache.get_seq_length() - past_len - len(keep)

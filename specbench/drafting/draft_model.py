@@ -41,7 +41,7 @@ from transformers import DynamicCache
 
 from specbench.core.acceptance import SamplingParams, sample, target_probs
 from specbench.core.draft import SOURCE_MODEL, DecodeState, Draft, Drafter, DrafterContext
-from specbench.core.forward import Target
+from specbench.core.forward import Target, upload
 from specbench.errors import ConfigError
 from specbench.models import model_config_check, model_preset
 
@@ -111,6 +111,8 @@ class DraftLM:
         n_layers = len(self.base.layers)
         self.layers = list(range(n_layers)) if layers is None else list(layers)
         self.shape = Target(model)  # for its masks (sliding windows included) and device
+        self.hidden_device = self.base.norm.weight.device  # where the last hidden states come out (a sharded
+        # model's last GPU): heads that read them go there
         config = self.shape.model.config
         config = config.get_text_config() if hasattr(config, "get_text_config") else config
         self.softcap = getattr(config, "final_logit_softcapping", None)
@@ -129,7 +131,7 @@ class DraftLM:
         one (``[vocab]``, ``[hidden]``), or of every one (``[q, vocab]``, ``[q, hidden]``)."""
         past, q = len(self.tokens), len(ids)
         device = self.shape.device
-        ids_t = torch.tensor([ids], device=device)
+        ids_t = upload([ids], device)
         if max(ids) >= self.embed_size:  # a target token the draft has no embedding for: read as token 0
             ids_t = ids_t.masked_fill(ids_t >= self.embed_size, 0)
         hidden = self.base.embed_tokens(ids_t)

@@ -26,9 +26,11 @@ from specbench.models.config import (
     QUANTIZATIONS,
     model_config_check,
     model_preset,
+    resolve_hardware,
 )
-from specbench.models.load import LoadedModel, load_model, load_tokenizer
+from specbench.models.load import LoadedModel, load_draft, load_model, load_tokenizer
 from specbench.models.tiny import build_tiny_tokenizer
 
 __all__ = ["ATTN_IMPLEMENTATIONS", "DEVICES", "DTYPES", "MODEL_KEYS", "QUANTIZATIONS", "LoadedModel",
-           "build_tiny_tokenizer", "load_model", "load_tokenizer", "model_config_check", "model_preset"]
+           "build_tiny_tokenizer", "load_draft", "load_model", "load_tokenizer", "model_config_check", "model_preset",
+           "resolve_hardware"]

@@ -99,13 +99,28 @@ def _hardware(hardware_cfg) -> dict:
     return hw
 
 
-def _available_bytes(device: str, device_map) -> tuple[int, str]:
-    """Memory available for weights: MemAvailable on CPU, free memory over visible GPUs on CUDA."""
-    if device == "cuda":
-        gpu = sum(torch.cuda.mem_get_info(i)[0] for i in range(torch.cuda.device_count()))
-        if device_map is None:
-            return gpu, "cuda"
-        return gpu + _available_bytes("cpu", None)[0], "cuda+cpu"  # accelerate may offload to CPU
+def resolve_hardware(hardware_cfg) -> DictConfig:
+    """A copy of the hardware config with ``device: auto`` and ``label: auto`` made concrete: CUDA when torch
+    sees a GPU, else the CPU (the label follows the device)."""
+    hw = OmegaConf.create(_plain(hardware_cfg))
+    device = str(hw.get("device") or "auto")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        hw.device = device
+    if str(hw.get("label") or "auto") == "auto":
+        hw.label = device
+    return hw
+
+
+def _available_bytes(hw: dict, quantization: str | None = None) -> tuple[int, str]:
+    """Memory available for weights: MemAvailable on the CPU; on CUDA, the free memory of the GPUs the
+    load may use (:func:`specbench.models.placement.gpus_used`), never the host's."""
+    from specbench.models.placement import gpus_used
+
+    if hw["device"] == "cuda":
+        gpus = gpus_used(hw, quantization, torch.cuda.device_count())
+        where = f"cuda:{gpus[0]}" if len(gpus) == 1 else f"{len(gpus)} GPUs"
+        return sum(torch.cuda.mem_get_info(i)[0] for i in gpus), where
     try:
         with open("/proc/meminfo") as f:
             kb = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
@@ -119,7 +134,7 @@ def _memory_check(cfg: dict, hw: dict) -> None:
         return
     dtype = cfg.get("dtype", "float32")
     need = cfg["params_b"] * 1e9 * (1 if cfg.get("quantization") == "int8" else DTYPES[dtype].itemsize)
-    have, where = _available_bytes(hw["device"], hw["device_map"])
+    have, where = _available_bytes(hw, cfg.get("quantization"))
     if need > have:
         raise ModelLoadError(
             f"model '{cfg['name']}' needs ~{need / 1e9:.0f} GB in {dtype} but {where} has {have / 1e9:.0f} GB available: "

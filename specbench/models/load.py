@@ -10,6 +10,7 @@ import transformers
 
 from specbench.errors import ModelLoadError
 from specbench.models.config import DTYPES, _hardware, _memory_check, _plain, model_config_check
+from specbench.models.placement import check_placed, draft_hardware, placement_kwargs
 from specbench.models.tiny import _build_tiny, build_tiny_tokenizer
 from specbench.models.weights import _weights_source
 
@@ -27,19 +28,16 @@ class LoadedModel:
     eos_token_ids: list[int]
     vocab_size: int
     source: str = ""  # where the weights came from: "tiny", "path", "converted", "gguf", "hub"
+    quantization: str = ""  # "int8", or "" for weights in ``dtype``
+    device_map: str = ""  # "auto" when sharded by accelerate, "" when the model sits on one device
 
 
 def _placement(cfg: dict, hw: dict) -> dict:
-    """from_pretrained keywords that place the weights: device_map (over ``num_gpus`` GPUs) and int8."""
-    placement: dict = {}
-    device_map = hw["device_map"]
+    """from_pretrained keywords that place the weights (:mod:`specbench.models.placement`), int8 included."""
+    visible = torch.cuda.device_count() if hw["device"] == "cuda" else 0
+    placement = placement_kwargs(hw, cfg.get("quantization"), visible, lambda i: torch.cuda.mem_get_info(i)[0])
     if cfg.get("quantization") == "int8":
         placement["quantization_config"] = transformers.BitsAndBytesConfig(load_in_8bit=True)
-        device_map = device_map or "auto"  # bitsandbytes places the weights itself
-    if device_map is not None:
-        placement["device_map"] = device_map
-        if hw["num_gpus"] and device_map == "auto":  # only the first num_gpus devices
-            placement["max_memory"] = {i: torch.cuda.mem_get_info(i)[0] for i in range(hw["num_gpus"])}
     return placement
 
 
@@ -87,6 +85,7 @@ def load_model(model_cfg, hardware_cfg=None) -> LoadedModel:
     if not placement:
         model.to(hw["device"])
     model.eval()
+    check_placed(model, name, hw)
 
     eos = model.generation_config.eos_token_id if model.generation_config is not None else None
     eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
@@ -99,4 +98,16 @@ def load_model(model_cfg, hardware_cfg=None) -> LoadedModel:
     return LoadedModel(
         model=model, tokenizer=tokenizer, name=name, dtype=dtype_name,
         device=model.get_input_embeddings().weight.device, context_length=int(limit),
-        eos_token_ids=sorted(eos), vocab_size=model.get_output_embeddings().weight.shape[0], source=source)
+        eos_token_ids=sorted(eos), vocab_size=model.get_output_embeddings().weight.shape[0], source=source,
+        quantization=str(cfg.get("quantization") or ""),
+        device_map="auto" if len({str(v) for v in (getattr(model, "hf_device_map", None) or {}).values()}) > 1 else "")
+
+
+def load_draft(name: str, dtype: str, hardware_cfg=None) -> LoadedModel:
+    """A draft model preset (``conf/model/<name>.yaml``) in the target's dtype, on one device of the target's
+    hardware (:func:`specbench.models.placement.draft_hardware`)."""
+    from omegaconf import OmegaConf
+
+    from specbench.models.config import model_preset
+
+    return load_model(OmegaConf.merge(model_preset(name), {"dtype": dtype}), draft_hardware(_plain(hardware_cfg)))

@@ -56,6 +56,11 @@ PROVENANCE_FIELDS = (
     "torch_version",
     "transformers_version",
     "device_name",
+    "gpu_count",
+    "device_map",
+    "quantization",
+    "cuda_version",
+    "driver_version",
 )
 
 

@@ -27,8 +27,10 @@ def check_overrides(overrides: list[str]) -> list[str]:
     ``group=unknown`` gets a "did you mean" hint. ``method.<field>=value`` is
     checked against the fields of the method(s) the command selects: an unknown
     field gets a hint, a known one that the preset's YAML does not list is
-    passed on as ``++method.<field>=value`` (Hydra would refuse it otherwise).
+    passed on as ``++method.<field>=value`` (Hydra would refuse it otherwise). A job bound for a GPU that
+    names no method gains ``method=spectra_core`` (:func:`device_defaults`).
     """
+    overrides = list(overrides) + device_defaults(overrides)
     out = []
     for item in overrides:
         if item.startswith("-") or "=" not in item:
@@ -48,6 +50,53 @@ def check_overrides(overrides: list[str]) -> list[str]:
                 item = f"++{item}"
         out.append(item)
     return out
+
+
+# The default method on a GPU: conf/config.yaml's default (a -cpu preset) with the paper's budget.
+GPU_DEFAULT_METHOD = "spectra_core"
+
+
+def device_defaults(overrides: list[str], cuda: bool | None = None) -> list[str]:
+    """What the command line gains from the device: ``method=spectra_core`` (the paper's budget) when the job
+    will run on a GPU (``hardware=auto``, the default, with CUDA seen, or a CUDA preset) and neither the command
+    line nor its experiment names a method."""
+    if _override_values(overrides, "method") or _experiment_sets(overrides, "method"):
+        return []
+    hardware = _override_values(overrides, "hardware")
+    if len(hardware) > 1 or _experiment_sets(overrides, "hardware"):
+        return []
+    choice = hardware[0] if hardware else "auto"
+    if choice == "auto":
+        if cuda is None:
+            import torch
+
+            cuda = torch.cuda.is_available()
+        on_gpu = cuda
+    else:
+        path = CONF_DIR / "hardware" / f"{choice}.yaml"
+        on_gpu = path.exists() and OmegaConf.load(path).get("device") == "cuda"
+    return [f"method={GPU_DEFAULT_METHOD}"] if on_gpu else []
+
+
+def _experiment_choices(overrides: list[str], group: str) -> list[str]:
+    """The choices of ``group`` that an experiment on the command line makes (its defaults, its sweep)."""
+    chosen = []
+    for exp in _override_values(overrides, "experiment"):
+        path = CONF_DIR / "experiment" / f"{exp}.yaml"
+        if not path.exists():
+            continue
+        conf = OmegaConf.to_container(OmegaConf.load(path))
+        for entry in conf.get("defaults", []) or []:
+            if isinstance(entry, dict) and f"override /{group}" in entry:
+                chosen.append(str(entry[f"override /{group}"]))
+        swept = ((conf.get("hydra") or {}).get("sweeper") or {}).get("params") or {}
+        if group in swept:
+            chosen += [x.strip() for x in str(swept[group]).split(",")]
+    return chosen
+
+
+def _experiment_sets(overrides: list[str], group: str) -> bool:
+    return bool(_experiment_choices(overrides, group))
 
 
 def top_level_settings() -> list[str]:
@@ -81,20 +130,7 @@ def _override_values(overrides: list[str], key: str) -> list[str]:
 
 def _chosen_method_presets(overrides: list[str]) -> list[str]:
     """The method presets a command line selects: its own ``method=``, its experiment's, or the default."""
-    presets = _override_values(overrides, "method")
-    if presets:
-        return presets
-    for exp in _override_values(overrides, "experiment"):
-        path = CONF_DIR / "experiment" / f"{exp}.yaml"
-        if not path.exists():
-            continue
-        conf = OmegaConf.to_container(OmegaConf.load(path))
-        for entry in conf.get("defaults", []) or []:
-            if isinstance(entry, dict) and "override /method" in entry:
-                presets.append(str(entry["override /method"]))
-        swept = ((conf.get("hydra") or {}).get("sweeper") or {}).get("params") or {}
-        if "method" in swept:
-            presets += [x.strip() for x in str(swept["method"]).split(",")]
+    presets = _override_values(overrides, "method") or _experiment_choices(overrides, "method")
     if presets:
         return presets
     for entry in OmegaConf.to_container(OmegaConf.load(CONF_DIR / "config.yaml"))["defaults"]:

@@ -1,13 +1,14 @@
-"""One job: a model × method × dataset × hardware config → parquet rows and a summary table.
+"""One job: a checked :class:`~specbench.run.job.Job` → parquet rows and a summary table.
 
-Order of work, so that bad input fails before anything slow:
-validate settings → check the dataset is reachable → load the model → build
-and check every first-turn prompt → warm up (not recorded) → for each repeat
-and sample, run the method and the autoregressive baseline, the one first on
-even samples and the other on odd ones (neither always runs on a warmer
-machine), appending a row per sample × turn × repeat as soon as it exists (a
-re-run skips what is recorded). Each repeat replicates the run: drafters and
-the ``budget=auto`` statistics start empty, sampling draws afresh.
+Order of work, so that bad input fails before anything slow: :func:`plan` checks
+the config (settings, the method's files, the dataset, the selection) → open the
+results → load the model → build and check every first-turn prompt → warm up
+(not recorded) → for each repeat and sample, run the method and the
+autoregressive baseline, the one first on even samples and the other on odd ones
+(neither always runs on a warmer machine), appending a row per sample × turn ×
+repeat as soon as it exists (a re-run skips what is recorded). Each repeat
+replicates the run: drafters and the ``budget=auto`` statistics start empty,
+sampling draws afresh.
 """
 
 from __future__ import annotations
@@ -23,22 +24,198 @@ from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
 from methods.registry import get_method
 from specbench import data as datasets_
-from specbench.core.acceptance import SamplingParams
 from specbench.core.decode import generate
 from specbench.core.draft import DrafterContext
 from specbench.core.forward import Target
 from specbench.errors import ConfigError
-from specbench.models import load_model, model_preset
-from specbench.provenance import config_hash, environment_info
+from specbench.models import load_draft, load_model
+from specbench.provenance import environment_info
 from specbench.results.metrics import BASELINE, summarize
-from specbench.results.rows import ResultWriter, load_results, make_row, run_dir_path, run_file_path, run_name
+from specbench.results.rows import ResultWriter, load_results, make_row
 from specbench.results.table import format_table
-from specbench.run.config import BOOKKEEPING, effective_budget, validate
+from specbench.run.job import Job, plan
+
+
+def run(cfg: DictConfig) -> Any:
+    """Check ``cfg``, run the job, return the summary DataFrame of everything in its results.
+
+    ``summary.attrs`` says where the results are (``results``) and how many
+    generations this call added (``new_generations``; 0 when all were recorded).
+    """
+    return execute(plan(cfg))
+
+
+def execute(job: Job) -> Any:
+    """Run a planned job (see :func:`run`)."""
+    # Opened before the model loads: an unreadable results file stops the job before any long work.
+    writer = ResultWriter(job.folder, legacy_file=job.legacy_file)
+    _seed_everything(job.seed)
+    loaded = load_model(job.model_cfg, job.hardware)
+    prompts = _first_prompts(job, loaded)
+    selected = [s for s in job.samples if s.sample_id in prompts]
+    m = Measurement(job, loaded, writer, prompts)
+
+    done = writer.done_keys()
+    keys = [(s.sample_id, t, name, r) for r in range(job.repeats) for s in selected
+            for name in job.methods for t in range(len(s.turns))]
+    n_gen, n_done = len(keys), sum(k in done for k in keys)
+    if n_done:
+        print(f"resuming {job.folder}: {n_done} of {n_gen} generations already recorded", file=sys.stderr)
+    if n_done < n_gen:
+        m.warm_up()
+    bar = tqdm(total=n_gen, initial=n_done, unit="gen", disable=not job.progress, file=sys.stderr,
+               desc=f"{job.method} on {job.dataset.name}" + (f" ×{job.repeats}" if job.repeats > 1 else ""))
+    for repeat in range(job.repeats):
+        m.new_repeat()
+        for i, sample in enumerate(selected):
+            for name in job.methods if (i + repeat) % 2 == 0 else job.methods[::-1]:
+                m.measure_sample(name, sample, repeat, bar, done)
+    bar.close()
+    if writer.found_from_others:
+        print(f"{writer.found_from_others} generations were recorded by another job of this run and skipped",
+              file=sys.stderr)
+
+    summary = summarize(load_results([job.folder, *writer.legacy_files]), baseline_method=BASELINE)
+    print(format_table(summary))
+    print(f"results: {job.folder}")
+    summary.attrs.update(results=str(job.folder), new_generations=n_gen - n_done, generations=n_gen)
+    return summary
+
+
+class Measurement:
+    """The loaded model, a drafter per method, the budget planner and the rows: the working part of a job."""
+
+    def __init__(self, job: Job, loaded: Any, writer: ResultWriter, prompts: dict[str, list[int]]) -> None:
+        self.job, self.loaded, self.writer, self.prompts = job, loaded, writer, prompts
+        self.target = Target(loaded.model)
+        drafter_context = DrafterContext(
+            sampling=job.sampling,
+            device=self.target.device,
+            dtype=self.target.dtype,
+            load_model=lambda name: load_draft(name, loaded.dtype, job.hardware),
+            target_model=loaded.model,
+            target_name=loaded.name,
+            hardware=job.hardware,
+        )
+        self.drafters = {
+            name: get_method(name)(job.config_of(name), vocab_size=loaded.vocab_size, seed=job.seed,
+                                   tokenizer=loaded.tokenizer, context=drafter_context)
+            for name in job.methods
+        }
+        seen = environment_info(loaded.device, devices=self.target.devices, quantization=loaded.quantization,
+                                device_map=loaded.device_map)
+        _warn_device_mismatch(job.hardware, seen["device_name"])
+        self.cost = None
+        if job.auto:
+            from specbench.budget.costs import load_or_measure
+
+            self.cost = load_or_measure(loaded, loaded.name, loaded.dtype,
+                                        str(job.hardware.get("attn_implementation", "")), progress=job.progress)
+        curve = json.dumps(self.cost.to_dict()) if self.cost is not None else ""
+        own = {name: name == job.method for name in job.methods}
+        self.columns = {name: {"budget": "auto" if job.auto and own[name] else "fixed",
+                               "cost_curve": curve if own[name] else ""} for name in job.methods}
+        self.context = {
+            **job.context(),
+            "run_id": uuid.uuid4().hex[:12],
+            "provenance": seen,
+            "model": loaded.name,
+            "dtype": loaded.dtype,
+        }
+        self.params = {
+            name: dataclasses.asdict(d.config) if dataclasses.is_dataclass(d.config) else {}
+            for name, d in self.drafters.items()
+        }
+        self.budgets = self._new_budgets()
+
+    def _new_budgets(self) -> dict[str, Any]:
+        """budget=auto: one trimmer for the method (the baseline drafts nothing), fresh statistics."""
+        if not self.job.auto:
+            return {}
+        from specbench.budget.planner import AutoBudget
+
+        return {self.job.method: AutoBudget(self.cost, aux_feeds=get_method(self.job.method).AUX_FEEDS)}
+
+    def generate(self, name: str, ids: list[int], max_new: int, generator: torch.Generator) -> Any:
+        return generate(self.target, self.drafters[name], ids, max_new_tokens=max_new,
+                        sampling=self.job.sampling, eos_token_ids=self.loaded.eos_token_ids,
+                        generator=generator, planner=self.budgets.get(name))
+
+    def warm_up(self) -> None:
+        """``warmup`` short generations per method on the first prompt: nothing recorded."""
+        warm = next(iter(self.prompts.values()))
+        for name in self.job.methods:
+            for _ in range(self.job.warmup):
+                self.generate(name, warm, min(16, self.job.max_new_tokens), _generator(self.job.seed, "warmup", 0))
+
+    def new_repeat(self) -> None:
+        """Warm-up generations and earlier repeats teach a drafter, or the budget's statistics, nothing recorded."""
+        for d in self.drafters.values():
+            d.reset()
+        self.budgets = self._new_budgets()
+
+    def measure_sample(self, name: str, sample: datasets_.Sample, repeat: int, bar: Any, done: set) -> None:
+        """Every turn of ``sample`` with one method; a turn already recorded gives its text to the next."""
+        job, tok = self.job, self.loaded.tokenizer
+        self.drafters[name].begin_sample()
+        answers: list[str] = []
+        for turn in range(len(sample.turns)):
+            key = (sample.sample_id, turn, name, repeat)
+            recorded = self.writer.recorded(key)  # also sees rows that concurrent jobs of this run wrote
+            if recorded is not None:
+                answers.append(recorded["output_text"])
+                if key not in done:
+                    bar.update(1)
+                continue
+            try:
+                ids = (self.prompts[sample.sample_id] if turn == 0
+                       else job.dataset.build_prompt(tok, sample, turn, answers, job.dataset_cfg, job.chat))
+            except datasets_.SampleSkipped:
+                break
+            _check_length(ids, self.loaded.context_length, sample.sample_id)
+            t0 = time.perf_counter()
+            self.target.reset_peak_memory()
+            rec = self.generate(name, ids, min(job.max_new_tokens, self.loaded.context_length - len(ids)),
+                                _generator(job.seed, sample.sample_id, turn, repeat))
+            peak = self.target.peak_memory_gb()
+            text = tok.decode(rec.output_ids, skip_special_tokens=True)
+            category = sample.meta.get("category")
+            extra = {**job.dataset.score(sample, text, turn, job.dataset_cfg), **self.columns[name],
+                     "peak_memory_gb": peak,
+                     **({"category": category} if category else {})}
+            row = make_row(rec, context={**self.context, "method": name, "preset": job.preset_of(name),
+                                         "method_params": self.params[name]},
+                           sample_id=sample.sample_id, turn=turn, repeat=repeat, output_text=text, extra=extra)
+            earlier = self.writer.recorded(key)  # a concurrent job of this run may have finished it meanwhile
+            if earlier is None:
+                self.writer.append(row)
+            else:  # keep the earlier row (reading would keep it anyway) and go on from its text
+                text = earlier["output_text"]
+            answers.append(text)
+            bar.set_postfix(method=name, tok_s=f"{rec.new_tokens / max(time.perf_counter() - t0, 1e-9):.1f}")
+            bar.update(1)
+
+
+def _first_prompts(job: Job, loaded: Any) -> dict[str, list[int]]:
+    """Every selected sample's first-turn prompt, checked against the model's context before any decoding."""
+    prompts = {}
+    for sample in job.samples:
+        try:
+            ids = job.dataset.build_prompt(loaded.tokenizer, sample, 0, [], job.dataset_cfg, job.chat)
+        except datasets_.SampleSkipped:
+            continue
+        _check_length(ids, loaded.context_length, sample.sample_id)
+        prompts[sample.sample_id] = ids
+    if not prompts:
+        raise ConfigError(
+            f"dataset {job.dataset.name}: every selected sample was skipped (see dataset.max_input_tokens)"
+        )
+    return prompts
 
 
 def _seed_everything(seed: int) -> None:
@@ -51,255 +228,6 @@ def _generator(seed: int, sample_id: str, turn: int, repeat: int = 0) -> torch.G
     """A sampling RNG per generation, the same for the method and its baseline; each repeat draws anew."""
     key = f"{sample_id}/{turn}" + (f"/{repeat}" if repeat else "")
     return torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(key.encode()))
-
-
-def _hash_config(cfg: DictConfig) -> str:
-    plain = OmegaConf.to_container(cfg, resolve=True)
-    for key in BOOKKEEPING:
-        plain.pop(key, None)
-    return config_hash(plain)
-
-
-def run(cfg: DictConfig) -> Any:
-    """Run one job; return the summary DataFrame of everything in its results file.
-
-    ``summary.attrs`` says where the file is (``results``) and how many
-    generations this call added (``new_generations``; 0 when all were recorded).
-    """
-    checked = validate(cfg)
-    get_method(cfg.method.name).preflight(checked["method"], cfg)
-    ddef = datasets_.get_dataset(cfg.dataset.name)
-    datasets_.check_available(cfg.dataset)
-    sampling = SamplingParams(temperature=cfg.temperature, top_k=cfg.top_k or 0, top_p=cfg.top_p)
-    max_new = int(cfg.max_new_tokens or cfg.dataset.get("max_new_tokens") or ddef.default_max_new_tokens)
-    samples = datasets_.select(
-        ddef.load(cfg.dataset),
-        limit=cfg.limit,
-        offset=cfg.offset,
-        shuffle=bool(cfg.dataset.shuffle),
-        seed=cfg.seed,
-    )
-    if not samples:
-        raise ConfigError(
-            f"dataset {ddef.name}: no samples selected (offset={cfg.offset}, limit={cfg.limit})"
-        )
-
-    method = cfg.method.name
-    methods = [method] + ([BASELINE] if cfg.baseline and method != BASELINE else [])
-    chash = _hash_config(cfg)
-    name = run_name(cfg.model.name, method, ddef.name, cfg.temperature, cfg.seed, chash)
-    folder = run_dir_path(cfg.results_dir, cfg.experiment_name, name)
-    # Opened before the model loads: an unreadable results file stops the job before any long work.
-    writer = ResultWriter(folder, legacy_file=run_file_path(cfg.results_dir, cfg.experiment_name, name))
-
-    _seed_everything(cfg.seed)
-    loaded = load_model(cfg.model, cfg.hardware)
-    target = Target(loaded.model)
-    tok = loaded.tokenizer
-    chat = bool(cfg.model.get("chat", True))
-
-    first_prompts = {}
-    for sample in samples:
-        try:
-            ids = ddef.build_prompt(tok, sample, 0, [], cfg.dataset, chat)
-        except datasets_.SampleSkipped:
-            continue
-        _check_length(ids, loaded.context_length, sample.sample_id)
-        first_prompts[sample.sample_id] = ids
-    if not first_prompts:
-        raise ConfigError(
-            f"dataset {ddef.name}: every selected sample was skipped (see dataset.max_input_tokens)"
-        )
-
-    drafter_context = DrafterContext(
-        sampling=sampling,
-        device=target.device,
-        dtype=target.dtype,
-        load_model=lambda name: load_model(
-            OmegaConf.merge(model_preset(name), {"dtype": loaded.dtype}), cfg.hardware
-        ),
-        target_model=loaded.model,
-        target_name=loaded.name,
-        hardware=cfg.hardware,
-    )
-    drafters = {
-        name: get_method(name)(
-            checked["method"] if name == method else None,
-            vocab_size=loaded.vocab_size,
-            seed=cfg.seed,
-            tokenizer=tok,
-            context=drafter_context,
-        )
-        for name in methods
-    }
-    seen = environment_info(loaded.device)
-    _warn_device_mismatch(cfg.hardware, seen["device_name"])
-    auto = effective_budget(cfg) == "auto"
-    cost = None
-    if auto:
-        from specbench.budget.costs import load_or_measure
-
-        cost = load_or_measure(loaded, loaded.name, loaded.dtype, str(cfg.hardware.get("attn_implementation", "")),
-                               progress=bool(cfg.get("progress", True)))
-
-    def new_budgets() -> dict[str, Any]:
-        """budget=auto: one trimmer for the method (the baseline drafts nothing), fresh statistics."""
-        from specbench.budget.planner import AutoBudget
-
-        return {method: AutoBudget(cost, aux_feeds=get_method(method).AUX_FEEDS)} if auto else {}
-
-    budgets = new_budgets()
-    curve = json.dumps(cost.to_dict()) if cost is not None else ""
-    budget_columns = {n: {"budget": "auto" if auto and n == method else "fixed",
-                          "cost_curve": curve if n == method else ""} for n in methods}
-    done = writer.done_keys()
-
-    context = {
-        "run_id": uuid.uuid4().hex[:12],
-        "experiment": cfg.experiment_name,
-        "config_hash": chash,
-        "provenance": seen,
-        "model": loaded.name,
-        "dataset": ddef.name,
-        "dataset_version": ddef.version,
-        "dtype": loaded.dtype,
-        "temperature": cfg.temperature,
-        "top_p": cfg.top_p,
-        "top_k": cfg.top_k or 0,
-        "seed": cfg.seed,
-        "max_new_tokens": max_new,
-        "device": cfg.hardware.label,
-        "attn_implementation": cfg.hardware.get("attn_implementation", ""),
-    }
-    # budget=auto rows are their own preset: two budgets of one method never merge in a table
-    presets = {name: preset_name(cfg) + (":auto" if auto else "") if name == method else name for name in methods}
-    params_json = {
-        name: dataclasses.asdict(d.config) if dataclasses.is_dataclass(d.config) else {}
-        for name, d in drafters.items()
-    }
-
-    repeats = int(cfg.get("repeats") or 1)
-    selected = [s for s in samples if s.sample_id in first_prompts]
-    n_gen = repeats * len(methods) * sum(len(s.turns) for s in selected)
-    n_done = sum(
-        (s.sample_id, t, m, r) in done
-        for r in range(repeats)
-        for s in selected
-        for m in methods
-        for t in range(len(s.turns))
-    )
-    if n_done:
-        print(f"resuming {folder}: {n_done} of {n_gen} generations already recorded", file=sys.stderr)
-    if n_done < n_gen and cfg.warmup:
-        warm = next(iter(first_prompts.values()))
-        for name in methods:
-            for _ in range(int(cfg.warmup)):
-                generate(
-                    target,
-                    drafters[name],
-                    warm,
-                    max_new_tokens=min(16, max_new),
-                    sampling=sampling,
-                    eos_token_ids=loaded.eos_token_ids,
-                    generator=_generator(cfg.seed, "warmup", 0),
-                    planner=budgets.get(name),
-                )
-
-    bar = tqdm(
-        total=n_gen,
-        initial=n_done,
-        desc=f"{method} on {ddef.name}" + (f" ×{repeats}" if repeats > 1 else ""),
-        unit="gen",
-        disable=not cfg.get("progress", True),
-        file=sys.stderr,
-    )
-    for repeat in range(repeats):
-        for d in drafters.values():  # warm-up generations and earlier repeats teach a drafter nothing recorded
-            d.reset()
-        budgets = new_budgets()  # nor the budget's acceptance statistics
-        for i, sample in enumerate(selected):
-            order = methods if (i + repeat) % 2 == 0 else methods[::-1]
-            for name in order:
-                drafters[name].begin_sample()
-                answers: list[str] = []
-                for turn in range(len(sample.turns)):
-                    key = (sample.sample_id, turn, name, repeat)
-                    recorded = writer.recorded(key)  # also sees rows that concurrent jobs of this run wrote
-                    if recorded is not None:
-                        answers.append(recorded["output_text"])
-                        if key not in done:
-                            bar.update(1)
-                        continue
-                    try:
-                        ids = (
-                            first_prompts[sample.sample_id]
-                            if turn == 0
-                            else ddef.build_prompt(tok, sample, turn, answers, cfg.dataset, chat)
-                        )
-                    except datasets_.SampleSkipped:
-                        break
-                    _check_length(ids, loaded.context_length, sample.sample_id)
-                    budget = min(max_new, loaded.context_length - len(ids))
-                    t0 = time.perf_counter()
-                    rec = generate(
-                        target,
-                        drafters[name],
-                        ids,
-                        max_new_tokens=budget,
-                        sampling=sampling,
-                        eos_token_ids=loaded.eos_token_ids,
-                        generator=_generator(cfg.seed, sample.sample_id, turn, repeat),
-                        planner=budgets.get(name),
-                    )
-                    text = tok.decode(rec.output_ids, skip_special_tokens=True)
-                    scores = ddef.score(sample, text, turn, cfg.dataset)
-                    category = sample.meta.get("category")
-                    row = make_row(
-                        rec,
-                        context={**context, "method": name, "preset": presets[name],
-                                 "method_params": params_json[name]},
-                        sample_id=sample.sample_id,
-                        turn=turn,
-                        repeat=repeat,
-                        output_text=text,
-                        extra={**scores, **budget_columns[name], **({"category": category} if category else {})},
-                    )
-                    earlier = writer.recorded(key)  # a concurrent job of this run may have finished it meanwhile
-                    if earlier is None:
-                        writer.append(row)
-                    else:  # keep the earlier row (reading would keep it anyway) and go on from its text
-                        text = earlier["output_text"]
-                    answers.append(text)
-                    bar.set_postfix(method=name, tok_s=f"{rec.new_tokens / max(time.perf_counter() - t0, 1e-9):.1f}")
-                    bar.update(1)
-    bar.close()
-    if writer.found_from_others:
-        print(
-            f"{writer.found_from_others} generations were recorded by another job of this run and skipped",
-            file=sys.stderr,
-        )
-
-    summary = summarize(load_results([folder, *writer.legacy_files]), baseline_method=BASELINE)
-    print(format_table(summary))
-    print(f"results: {folder}")
-    summary.attrs.update(results=str(folder), new_generations=n_gen - n_done, generations=n_gen)
-    return summary
-
-
-def preset_name(cfg: DictConfig) -> str:
-    """The method preset a job runs (``lookahead-cpu``): Hydra's choice of the method group.
-
-    Two presets of one method (two budgets) must never merge in a table, so rows
-    carry this beside the method name. Outside Hydra (a composed config) it is
-    the method name.
-    """
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        choice = HydraConfig.get().runtime.choices.get("method")
-    except (ImportError, ValueError):
-        choice = None
-    return str(choice or cfg.method.name)
 
 
 def _warn_device_mismatch(hardware: DictConfig, device_name: str) -> None:

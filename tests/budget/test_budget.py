@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,7 +14,16 @@ from methods.lookahead import Lookahead, LookaheadConfig
 from methods.registry import get_method
 from methods.spectra_core import SpectraCore, SpectraCoreConfig
 from methods.token_recycling import TokenRecycling, TokenRecyclingConfig
-from specbench.budget.costs import CostModel, load_or_measure, measure, monotone
+from specbench.budget.costs import (
+    CONTEXTS,
+    GPU_CONTEXTS,
+    CostModel,
+    contexts_for,
+    cost_key,
+    load_or_measure,
+    measure,
+    monotone,
+)
 from specbench.budget.planner import (
     DRY,
     MIN_WARM,
@@ -58,12 +68,43 @@ def test_cost_model_interpolates_by_hand():
     assert m(2, 100) == pytest.approx(2.0)
     assert m(8, 100) == pytest.approx(8.0)  # the last slope, extended
     assert m(2, 200) == pytest.approx((2.0 + 4.0) / 2)  # halfway between the two contexts
-    assert m(1, 50) == pytest.approx(1.0) and m(1, 400) == pytest.approx(2.0)  # contexts clamped
+    assert m(1, 50) == pytest.approx(1.0)  # below the first context: its row
+    assert m(1, 400) == pytest.approx(2.5) and m(4, 500) == pytest.approx(12.0)  # past the last: the slope goes on
     assert m.relative(100) == pytest.approx([1.0, 4.0])
     assert FLAT(120) == FLAT(1)
     assert CostModel.from_dict(json.loads(json.dumps(m.to_dict()))) == m
     with pytest.raises(ValueError, match="increase"):
         CostModel(qs=[4, 1], contexts=[0], seconds=[[1.0, 2.0]])
+
+
+def test_cost_curves_of_other_placements_never_share_a_key():
+    base = cost_key("llama2-70b", "float16", "sdpa", "cuda:0", devices=["cuda:0"])
+    keys = {
+        base,
+        cost_key("llama2-70b", "float16", "sdpa", "cuda:0", devices=["cuda:0"], quantization="int8"),
+        cost_key("llama2-70b", "float16", "sdpa", "cuda:0", devices=["cuda:0", "cuda:1"], device_map="auto"),
+        cost_key("llama2-70b", "float16", "sdpa", "cuda:0", devices=[f"cuda:{i}" for i in range(4)], device_map="auto"),
+        cost_key("llama2-70b", "float16", "eager", "cuda:0", devices=["cuda:0"]),
+    }
+    assert len(keys) == 5
+    assert cost_key("llama2-70b", "float16", "sdpa", "cuda:0", devices=["cuda:0"]) == base
+
+
+def test_contexts_reach_4k_on_a_gpu_within_the_models_context():
+    gpu, cpu = SimpleNamespace(is_cuda=True), SimpleNamespace(is_cuda=False)
+    assert contexts_for(gpu) == GPU_CONTEXTS and max(GPU_CONTEXTS) == 4096
+    assert contexts_for(gpu, 4096) == (128, 1024, 2048)  # a 4k-context model: 4096 + a block does not fit
+    assert contexts_for(cpu, 8192) == CONTEXTS
+    assert contexts_for(cpu, 100) == (1,)
+
+
+def test_measurement_times_the_compaction_too(tiny_llama, monkeypatch):
+    target = Target(tiny_llama.model)
+    paths = []
+    real = target.compact
+    monkeypatch.setattr(target, "compact", lambda cache, past, path: paths.append(path) or real(cache, past, path))
+    measure(target, tiny_llama.vocab_size, qs=(1, 8), contexts=(16,), repeats=1, warmup=0)
+    assert paths == [[], [0, 2, 4]]  # q = 8: an accepted path of three guesses down one chain
 
 
 def test_monotone_pools_adjacent_violators():

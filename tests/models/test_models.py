@@ -134,7 +134,7 @@ def test_uncached_hub_model_fails_at_once_when_the_hub_is_unreachable(monkeypatc
 
 
 def test_memory_check_refuses_llama2_70b_before_loading(monkeypatch):
-    monkeypatch.setattr(model_settings, "_available_bytes", lambda device, device_map: (23 * 10**9, "cpu"))
+    monkeypatch.setattr(model_settings, "_available_bytes", lambda hw, quantization=None: (23 * 10**9, "cpu"))
     monkeypatch.setattr(weights, "_resolve_hub", lambda cfg: pytest.fail("memory check must come first"))
     with pytest.raises(ModelLoadError, match=r"needs ~138 GB in float16 but cpu has 23 GB available") as err:
         load_model(model_cfg("llama2-70b"), {"device": "cpu"})
@@ -142,7 +142,7 @@ def test_memory_check_refuses_llama2_70b_before_loading(monkeypatch):
 
 
 def test_memory_check_uses_this_machines_memory():
-    have, where = model_settings._available_bytes("cpu", None)
+    have, where = model_settings._available_bytes({"device": "cpu"})
     assert where == "cpu" and 0 < have
     if have > 150e9:
         pytest.skip("this machine has room for llama2-70b in float16")

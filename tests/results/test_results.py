@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from specbench import provenance
 from specbench.core.record import GenerationRecord
@@ -300,6 +301,16 @@ def test_git_commit_format():
     assert "hostname" not in info
     assert re.search(r"\(\d+ threads\)$", info["device_name"])
     assert info["torch_version"] and info["transformers_version"] and info["specbench_version"]
+    assert (info["gpu_count"], info["cuda_version"], info["driver_version"], info["quantization"]) == ("0", "", "", "")
+
+
+def test_provenance_names_the_placement(monkeypatch):
+    monkeypatch.setattr(provenance, "driver_version", lambda: "550.54")
+    monkeypatch.setattr(provenance, "device_name", lambda device: "NVIDIA H100 80GB HBM3")
+    info = provenance.environment_info("cuda:0", devices=["cuda:0", "cuda:1", "cuda:1"], quantization="int8",
+                                       device_map="auto")
+    assert info["gpu_count"] == "2" and info["device_map"] == "auto" and info["quantization"] == "int8"
+    assert info["driver_version"] == "550.54" and info["cuda_version"] == (torch.version.cuda or "")
 
 
 def test_config_hash_stable_and_order_independent():

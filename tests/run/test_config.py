@@ -257,3 +257,18 @@ def test_table2_variants_compose_their_ablation(variant, ablation):
     settings = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "ablation" / f"{ablation}.yaml"))
     assert cfg.method.name == "spectra_core" and cfg.method.pool_size == 15
     assert all(cfg.method[k] == v for k, v in settings.items())
+
+
+def test_a_gpu_bound_job_that_names_no_method_takes_the_paper_budget():
+    from specbench.run.config import GPU_DEFAULT_METHOD, device_defaults
+
+    assert device_defaults([], cuda=True) == [f"method={GPU_DEFAULT_METHOD}"]  # hardware=auto on a GPU
+    assert device_defaults([], cuda=False) == []
+    assert device_defaults(["hardware=a100"], cuda=False) == [f"method={GPU_DEFAULT_METHOD}"]  # a CUDA preset
+    assert device_defaults(["hardware=cpu"], cuda=True) == []
+    assert device_defaults(["method=pld"], cuda=True) == []
+    assert device_defaults(["experiment=table1"], cuda=True) == []  # its methods are its own
+    assert device_defaults(["experiment=smoke"], cuda=True) == [f"method={GPU_DEFAULT_METHOD}"]
+    assert device_defaults(["experiment=table3"], cuda=True) == []  # it chooses a GPU itself
+    cfg = make_cfg(*device_defaults(["hardware=h100"]))
+    assert cfg.method.name == "spectra_core" and cfg.method.get("budget") in (None, "fixed")

@@ -61,10 +61,14 @@ def test_method_and_baseline_rows_pair_up(tmp_path, capsys):
         "torch_version",
         "transformers_version",
         "device_name",
+        "gpu_count",
+        "quantization",
+        "cuda_version",
         "config_hash",
         "output_ids",
     ):
         assert col in df.columns and df[col].notna().all()
+    assert (df.gpu_count == "0").all() and df.peak_memory_gb.isna().all()  # the CPU: no GPU memory to track
     assert "speedup" in capsys.readouterr().out
 
 

@@ -1,0 +1,184 @@
+"""The job a config describes, checked once: :func:`plan` reads the config, the runner reads the :class:`Job`.
+
+Everything that can fail without a model fails here, in this order: settings and
+method fields, the method's own preflight (stores, heads, draft models named),
+the budget, the dataset's reachability, the sample selection. What comes out is
+a frozen description: the runner never goes back to the config, so every
+decision about what a run means is made in this one place.
+
+The model, hardware and dataset nodes stay config mappings: they are open
+groups whose keys the model loader and the dataset definition read.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from methods.registry import get_method
+from specbench import data as datasets_
+from specbench.core.acceptance import SamplingParams
+from specbench.errors import ConfigError
+from specbench.models import resolve_hardware
+from specbench.provenance import config_hash
+from specbench.results.metrics import BASELINE
+from specbench.results.rows import run_dir_path, run_file_path, run_name
+from specbench.run.config import BOOKKEEPING, effective_budget, validate
+
+
+@dataclass(frozen=True)
+class Job:
+    """One model × method × dataset × hardware measurement, checked."""
+
+    method: str  # the registered method's name
+    preset: str  # the label rows carry (``lookahead-cpu``, ``spectra_core-cpu:auto``)
+    method_config: Any  # the method's filled, validated settings
+    budget: str  # "auto" (the planner trims each draft) or "fixed"
+    baseline: bool  # also measure autoregressive decoding on the same prompts
+    dataset: datasets_.DatasetDef
+    dataset_cfg: DictConfig
+    samples: tuple[datasets_.Sample, ...]
+    model_cfg: DictConfig
+    hardware: DictConfig
+    chat: bool  # prompts through the model's chat template
+    sampling: SamplingParams
+    max_new_tokens: int
+    seed: int
+    repeats: int
+    warmup: int  # unrecorded warm-up generations per method
+    progress: bool
+    experiment: str
+    config_hash: str
+    results_dir: str
+
+    @property
+    def methods(self) -> list[str]:
+        """What each sample is measured with: the method, then its baseline."""
+        return [self.method] + ([BASELINE] if self.baseline and self.method != BASELINE else [])
+
+    @property
+    def auto(self) -> bool:
+        return self.budget == "auto"
+
+    @property
+    def name(self) -> str:
+        return run_name(self.model_cfg.name, self.method, self.dataset.name, self.sampling.temperature,
+                        self.seed, self.config_hash)
+
+    @property
+    def folder(self) -> Path:
+        """Where this job's rows live (one file per writer inside)."""
+        return run_dir_path(self.results_dir, self.experiment, self.name)
+
+    @property
+    def legacy_file(self) -> Path:
+        """The single results file of runs written before the per-writer folders."""
+        return run_file_path(self.results_dir, self.experiment, self.name)
+
+    def preset_of(self, method: str) -> str:
+        return self.preset if method == self.method else method
+
+    def config_of(self, method: str) -> Any:
+        """The settings a drafter is built with (None: its defaults, for the baseline)."""
+        return self.method_config if method == self.method else None
+
+    def context(self) -> dict[str, Any]:
+        """The columns every row of this job shares, as far as the config decides them."""
+        return {
+            "experiment": self.experiment,
+            "config_hash": self.config_hash,
+            "dataset": self.dataset.name,
+            "dataset_version": self.dataset.version,
+            "temperature": self.sampling.temperature,
+            "top_p": self.sampling.top_p,
+            "top_k": self.sampling.top_k,
+            "seed": self.seed,
+            "max_new_tokens": self.max_new_tokens,
+            "device": self.hardware.label,
+            "attn_implementation": self.hardware.get("attn_implementation", ""),
+        }
+
+
+def plan(cfg: DictConfig) -> Job:
+    """Check ``cfg`` (the composed run config) and describe the job; raise one line naming the fix.
+
+    ``hardware: auto`` is resolved first (to the GPU when torch sees one), so that the job, its rows and
+    its hash name the device it runs on.
+    """
+    cfg = cfg.copy()
+    with open_dict(cfg):
+        cfg.hardware = resolve_hardware(cfg.hardware)
+    checked = validate(cfg)
+    method = str(cfg.method.name)
+    get_method(method).preflight(checked["method"], cfg)
+    ddef = datasets_.get_dataset(cfg.dataset.name)
+    datasets_.check_available(cfg.dataset)
+    samples = datasets_.select(
+        ddef.load(cfg.dataset), limit=cfg.limit, offset=cfg.offset, shuffle=bool(cfg.dataset.shuffle), seed=cfg.seed
+    )
+    if not samples:
+        raise ConfigError(f"dataset {ddef.name}: no samples selected (offset={cfg.offset}, limit={cfg.limit})")
+    budget = effective_budget(cfg)
+    _warn_device_fit(cfg)
+    return Job(
+        method=method,
+        preset=preset_name(cfg) + (":auto" if budget == "auto" else ""),
+        method_config=checked["method"],
+        budget=budget,
+        baseline=bool(cfg.baseline),
+        dataset=ddef,
+        dataset_cfg=cfg.dataset,
+        samples=tuple(samples),
+        model_cfg=cfg.model,
+        hardware=cfg.hardware,
+        chat=bool(cfg.model.get("chat", True)),
+        sampling=SamplingParams(temperature=cfg.temperature, top_k=cfg.top_k or 0, top_p=cfg.top_p),
+        max_new_tokens=int(cfg.max_new_tokens or cfg.dataset.get("max_new_tokens") or ddef.default_max_new_tokens),
+        seed=int(cfg.seed),
+        repeats=int(cfg.get("repeats") or 1),
+        warmup=int(cfg.warmup or 0),
+        progress=bool(cfg.get("progress", True)),
+        experiment=str(cfg.experiment_name),
+        config_hash=hash_config(cfg),
+        results_dir=str(cfg.results_dir),
+    )
+
+
+def _warn_device_fit(cfg: DictConfig) -> None:
+    """One line when a job runs a CPU preset on a GPU, or a model over ~1B parameters on the CPU."""
+    preset, device = preset_name(cfg), str(cfg.hardware.device)
+    if device == "cuda" and preset.endswith("-cpu"):
+        print(f"warning: method={preset} is sized for a CPU; on this GPU the paper's budget is "
+              f"method={preset.removesuffix('-cpu')}", file=sys.stderr)
+    params_b = cfg.model.get("params_b")
+    if device == "cpu" and params_b and float(params_b) > 1:
+        print(f"warning: model {cfg.model.name} has ~{float(params_b):g}B parameters and will decode on the CPU, "
+              "slowly: use a GPU (hardware=cuda) or a smaller model", file=sys.stderr)
+
+
+def hash_config(cfg: DictConfig) -> str:
+    """The hash that names a run's results: every setting but the bookkeeping ones."""
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    for key in BOOKKEEPING:
+        plain.pop(key, None)
+    return config_hash(plain)
+
+
+def preset_name(cfg: DictConfig) -> str:
+    """The method preset a job runs (``lookahead-cpu``): Hydra's choice of the method group.
+
+    Two presets of one method (two budgets) must never merge in a table, so rows
+    carry this beside the method name. Outside Hydra (a composed config) it is
+    the method name.
+    """
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        choice = HydraConfig.get().runtime.choices.get("method")
+    except (ImportError, ValueError):
+        choice = None
+    return str(choice or cfg.method.name)
