@@ -15,7 +15,7 @@ STAMP       := $(VENV)/.specbench-installed
 PYTEST      := $(PY) -m pytest -p no:cacheprovider
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo smoke smoke-experiments test test-slow test-all lint bench bench-stores bench-retrieval clean train-acceptance-head \
+.PHONY: help setup demo smoke smoke-experiments test test-slow test-all gpu-check lint bench bench-stores bench-retrieval clean train-acceptance-head \
         datastore datastore-refine memory_scopes spec_bench table1 table2 table3 table4 table5 table6 table7 figures report reproduce-cpu
 
 # Paper reproduction. Sweeps write <RESULTS>/<experiment>/; reports go to <REPORTS>/ (Markdown, LaTeX,
@@ -77,6 +77,9 @@ test-slow: setup ## the slow tests (real models over many prompts, real datasets
 
 test-all: setup ## every test
 	$(PYTEST) -q
+
+gpu-check: setup ## the GPU paths checked on this machine's CUDA GPU, offline (random-weight 7B/8B shapes; < 10 min)
+	$(PY) -m specbench.gpu_check
 
 lint: setup ## ruff
 	$(PY) -m ruff check .

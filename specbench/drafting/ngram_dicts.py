@@ -52,6 +52,8 @@ from functools import lru_cache
 import numpy as np
 import torch
 
+from specbench.core.forward import upload
+
 
 class NgramDicts:
     """S_fwd and S_bwd of SPECTRA-CORE for n-grams of length ``n``."""
@@ -136,6 +138,15 @@ class NgramDicts:
         return guess
 
 
+def _read_back(first: torch.Tensor, rest: torch.Tensor) -> tuple[list[int], list[list[int]]]:
+    """Two integer tensors of one device brought to the host in one copy (one sync): ``first`` [w] and
+    ``rest`` [k, e], as lists."""
+    w = first.shape[0]
+    both = torch.cat([first.to(torch.int64), rest.to(torch.int64).reshape(-1)]).tolist()
+    e = rest.shape[-1]
+    return both[:w], [both[w + j * e : w + (j + 1) * e] for j in range(rest.shape[0])]
+
+
 @lru_cache(maxsize=16)
 def pool_layout(width: int, n: int) -> tuple[list[int], np.ndarray]:
     """Positions (offsets from the root) and visibility of a level-major pool of ``width`` × (n−1)."""
@@ -172,6 +183,9 @@ class CandidatePool:
     CPU argmax over [15, 49152] costs ~1.2 ms, numpy's ~0.06 ms. N-gram reading:
     each row has its own small set of avoided tokens (at most G); only the rows
     whose plain argmax is in its set search again, on a copy of that one row.
+
+    On a GPU both rules run batched over the exploring rows and read their answers back at once (one
+    host sync a step), and the penalty lives on the device, where only newly excluded tokens are sent.
     """
 
     def __init__(self, width: int, n: int) -> None:
@@ -183,11 +197,14 @@ class CandidatePool:
         self.penalty = np.zeros(0, dtype=np.float32)  # −inf at excluded tokens
         self._buf = torch.empty(0)  # float32 copy of half-precision rows
         self._ybuf = np.empty((0, 0), dtype=np.float32)  # the exploring rows + penalty
+        self._device_penalty: torch.Tensor | None = None  # the penalty on a GPU ...
+        self._unsent: list[int] = []  # ... and the tokens excluded since it was last brought up to date
 
     def reset(self, prompt: Sequence[int], rng: random.Random) -> None:
         """Fill every sequence with tokens drawn uniformly (with replacement) from the prompt."""
         self.seqs = [[rng.choice(prompt) for _ in range(self.n - 1)] for _ in range(self.width)]
         self.penalty[:] = 0.0
+        self._device_penalty, self._unsent = None, []
 
     def exclude(self, tokens: Sequence[int]) -> None:
         if not tokens:
@@ -195,6 +212,8 @@ class CandidatePool:
         idx = np.asarray(tokens, dtype=np.int64)
         self._grow(int(idx.max()) + 1)
         self.penalty[idx] = -np.inf
+        if self._device_penalty is not None:
+            self._unsent.extend(int(t) for t in tokens)
 
     def _grow(self, size: int) -> None:
         if size > self.penalty.size:
@@ -222,12 +241,46 @@ class CandidatePool:
             best = y.argmax(-1)
             ok = np.isfinite(y[np.arange(len(best)), best]).tolist()
         else:
-            y = x[explore] + torch.from_numpy(self.penalty[:vocab]).to(x.device)
-            best_t = y.argmax(-1)
-            ok = torch.isfinite(y.gather(-1, best_t[:, None])[:, 0]).tolist()
-            best = best_t
+            return self._best_batched(x, explore)
         for i, b, good in zip(explore, best.tolist(), ok, strict=True):
             if good:
+                plain[i] = b
+        return plain
+
+    def penalty_on(self, device: torch.device, vocab: int) -> torch.Tensor:
+        """The penalty as a tensor on ``device``: sent whole once, then only the tokens excluded since."""
+        penalty = self._device_penalty
+        if penalty is None or penalty.device != device or penalty.numel() < vocab:
+            self._grow(vocab)
+            penalty = self._device_penalty = upload(self.penalty, device)
+        elif self._unsent:
+            penalty.index_fill_(0, upload(self._unsent, device), float("-inf"))
+        self._unsent = []
+        return penalty[:vocab]
+
+    def _best_batched(self, x: torch.Tensor, explore: list[int]) -> list[int]:
+        """:meth:`_best` in torch over every row at once, one read back (the GPU path)."""
+        y = x[upload(explore, x.device)] + self.penalty_on(x.device, x.shape[-1])
+        best = y.argmax(-1)
+        ok = torch.isfinite(y.gather(-1, best[:, None])[:, 0]).to(best.dtype)
+        plain, (best_l, ok_l) = _read_back(x.argmax(-1), torch.stack([best, ok]))
+        for i, b, good in zip(explore, best_l, ok_l, strict=True):
+            if good:
+                plain[i] = b
+        return plain
+
+    def _best_ngram_batched(self, x: torch.Tensor, explore: list[int], avoid) -> list[int]:
+        """:meth:`_best_ngram` in torch: every exploring row's own tokens masked at once, one read back.
+        A row whose argmax is not avoided keeps it (its masked copy's argmax is the same token)."""
+        banned = [sorted(avoid(self.seqs[i])) for i in explore]
+        y = x[upload(explore, x.device)].clone()
+        rows = [r for r, ban in enumerate(banned) for _ in ban]
+        if rows:
+            cols = [t for ban in banned for t in ban]
+            y[upload(rows, x.device), upload(cols, x.device)] = float("-inf")
+        plain, (best,) = _read_back(x.argmax(-1), y.argmax(-1)[None])
+        for i, b, ban in zip(explore, best, banned, strict=True):
+            if plain[i] in ban and ban:
                 plain[i] = b
         return plain
 
@@ -247,6 +300,8 @@ class CandidatePool:
         """Each row's argmax; an exploring row whose argmax is in ``avoid(its sequence)`` takes its best
         token outside that set instead."""
         x = self._rows(rows)
+        if isinstance(x, torch.Tensor) and explore:
+            return self._best_ngram_batched(x, explore, avoid)
         plain = x.argmax(-1).tolist()
         for i in explore:
             banned = avoid(self.seqs[i])

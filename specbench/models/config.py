@@ -19,6 +19,7 @@ MODEL_KEYS = ("name", "hub_id", "path", "gguf", "tiny", "dtype", "revision", "ch
 QUANTIZATIONS = ("int8",)  # bitsandbytes LLM.int8 weights (paper Table 6: Llama-2-70B on one GPU)
 DEVICES = ("cpu", "cuda", "auto")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
+GQA_MODES = ("fold", "repeat")  # grouped-query tree steps under sdpa (specbench.core.attention)
 
 
 def _plain(cfg) -> dict:
@@ -73,7 +74,8 @@ def _quantization_check(cfg: dict, hw: dict | None) -> None:
 
 def _hardware(hardware_cfg) -> dict:
     """Normalise a hardware config: resolve the device, check the attention implementation."""
-    hw = {"device": "auto", "attn_implementation": "sdpa", "device_map": None, "num_threads": None, "num_gpus": None}
+    hw = {"device": "auto", "attn_implementation": "sdpa", "device_map": None, "num_threads": None, "num_gpus": None,
+          "gqa": "fold"}
     hw.update({k: v for k, v in _plain(hardware_cfg).items() if k in hw and v is not None})
     if hw["device"] not in DEVICES:
         raise ModelLoadError(f"hardware.device '{hw['device']}' is not one of {', '.join(DEVICES)}")
@@ -90,6 +92,8 @@ def _hardware(hardware_cfg) -> dict:
         if torch.cuda.device_count() < n:
             raise ModelLoadError(f"hardware.num_gpus={n} but torch sees {torch.cuda.device_count()} CUDA devices: "
                                  "request more GPUs (e.g. hydra.launcher.gpus_per_node) or lower hardware.num_gpus")
+    if hw["gqa"] not in GQA_MODES:
+        raise ModelLoadError(f"hardware.gqa '{hw['gqa']}' is not one of {', '.join(GQA_MODES)}")
     attn = hw["attn_implementation"]
     if attn not in ATTN_IMPLEMENTATIONS:
         raise ModelLoadError(f"hardware.attn_implementation '{attn}' is not one of {', '.join(ATTN_IMPLEMENTATIONS)}")

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 import transformers
 
+from specbench.core.attention import fold_gqa
 from specbench.errors import ModelLoadError
 from specbench.models.config import DTYPES, _hardware, _memory_check, _plain, model_config_check
 from specbench.models.placement import check_placed, draft_hardware, placement_kwargs
@@ -86,6 +87,8 @@ def load_model(model_cfg, hardware_cfg=None) -> LoadedModel:
         model.to(hw["device"])
     model.eval()
     check_placed(model, name, hw)
+    if hw["gqa"] == "fold" and attn == "sdpa":
+        fold_gqa(model)  # a no-op without grouped-query attention
 
     eos = model.generation_config.eos_token_id if model.generation_config is not None else None
     eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])

@@ -511,3 +511,38 @@ def test_run_memory_is_lossless_and_drafts_from_the_first_step(tiny_llama):
     recs = assert_greedy_lossless(target, lambda: shared, REPETITIVE + REPETITIVE[:1], max_new_tokens=40)
     # The last generation repeats the first prompt: the kept dictionaries already cover its text.
     assert recs[-1].step_tokens[1] > 1 and recs[-1].tau > recs[0].tau
+
+
+def test_the_gpu_path_of_the_pool_rule_chooses_what_the_cpu_path_does(monkeypatch):
+    """Batched in torch (the path for logits on a GPU, run here on CPU tensors) and row by row in numpy give the
+    same tokens under every reading; the penalty goes up whole once, then only the newly excluded tokens."""
+    from specbench.drafting import ngram_dicts
+
+    gen = torch.Generator().manual_seed(0)
+    sent = []
+    real_upload = ngram_dicts.upload
+    monkeypatch.setattr(ngram_dicts, "upload", lambda v, d, dtype=None: sent.append(len(v)) or real_upload(v, d))
+    pool = CandidatePool(width=6, n=3)
+    pool.seqs = [[1, 2], [1, 3], [4, 2], [1, 2], [7, 7], [2, 1]]
+    avoid = {(1, 2): {5, 9}, (1, 3): {0}, (4, 2): set(), (7, 7): {5}, (2, 1): set(range(40))}
+    for step in range(5):
+        logits = torch.randn(6, 40, generator=gen)
+        logits[:, 5] += 4.0  # a favourite that the rules must step around
+        pool.exclude([5, step + 10])
+        explore = [0, 2, 3, 4, 5]
+        if step == 0:
+            assert sent == []  # nothing goes to a device before the first GPU step
+        assert pool._best_batched(logits, explore) == pool._best(logits, explore)
+        ban = lambda seq: avoid.get(tuple(seq), set())  # noqa: E731
+        numpy_way = pool._best_ngram(logits, [], ban)  # the plain argmax ...
+        for i in explore:  # ... then the rows the numpy path searches again
+            banned = ban(pool.seqs[i])
+            if numpy_way[i] in banned:
+                y = logits[i].numpy().copy()
+                y[list(banned)] = float("-inf")
+                numpy_way[i] = int(y.argmax())
+        assert pool._best_ngram_batched(logits, explore, ban) == numpy_way
+    whole = [n for n in sent if n == 40]
+    assert len(whole) == 1  # the penalty once; afterwards two tokens a step
+    assert pool._device_penalty is not None and torch.equal(
+        torch.isinf(pool._device_penalty), torch.from_numpy(np.isinf(pool.penalty)))
