@@ -96,3 +96,14 @@ def test_peak_memory_is_not_a_number_on_the_cpu():
     target = Target(build("llama"))
     target.reset_peak_memory()
     assert np.isnan(target.peak_memory_gb())
+
+
+def test_a_draft_reads_its_last_hidden_states_where_its_final_norm_is():
+    """SpecDec++'s head goes to the device its input comes out on: a sharded model's last one, here the meta device
+    standing in for it."""
+    from specbench.drafting.draft_model import DraftLM
+
+    model = build("llama")
+    model.model.norm.to("meta")
+    draft = DraftLM(model, [0], vocab_size=96)
+    assert draft.hidden_device == torch.device("meta") and draft.shape.device == torch.device("cpu")
