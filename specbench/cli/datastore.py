@@ -122,7 +122,8 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--keep", default="0.5", help="a fraction (0 < keep < 1) or a count (>= 1) of scored pieces")
     r.add_argument("--sample", type=int, default=None, help="score only this many pieces, drawn at random (seeded)")
     r.add_argument("--max-len", type=int, default=256, help="tokens per piece")
-    r.add_argument("--batch-size", type=int, default=8)
+    r.add_argument("--batch-size", type=int, default=None, help="pieces per forward (default: 512 tokens' worth "
+                   "on a CPU, 16k on a GPU)")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--device", default="cpu")
     r.add_argument("--select", default="perplexity", choices=["perplexity", "random"],

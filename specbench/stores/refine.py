@@ -47,7 +47,12 @@ def pieces(store: Datastore, max_len: int, min_len: int = 8) -> list[np.ndarray]
 
 @torch.inference_mode()
 def sequence_perplexities(model: torch.nn.Module, seqs: list[Any]) -> list[float]:
-    """PPL of each sequence under ``model`` in one right-padded batch (the first token is context only)."""
+    """PPL of each sequence under ``model`` in one batch (the first token is context only).
+
+    Sequences of one length (most pieces: documents are cut at ``max_len``) go without a padding mask, so
+    attention takes its unmasked causal kernel; others are right-padded. The loss is taken over contiguous
+    rows of logits (a class dimension in the middle costs several times more on a CPU).
+    """
     device = model.get_input_embeddings().weight.device
     width = max(len(s) for s in seqs)
     ids = torch.zeros(len(seqs), width, dtype=torch.long)
@@ -55,17 +60,31 @@ def sequence_perplexities(model: torch.nn.Module, seqs: list[Any]) -> list[float
     for row, s in enumerate(seqs):
         ids[row, : len(s)] = torch.as_tensor(np.asarray(s, dtype=np.int64))
         mask[row, : len(s)] = 1
-    logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits[:, :-1].float()
-    nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:].to(device), reduction="none")
-    valid = mask[:, 1:].to(device).float()
+    ragged = bool((mask == 0).any())
+    ids, mask = ids.to(device), mask.to(device)
+    logits = model(input_ids=ids, attention_mask=mask if ragged else None).logits[:, :-1]
+    flat = logits.reshape(-1, logits.shape[-1]).float()
+    nll = torch.nn.functional.cross_entropy(flat, ids[:, 1:].reshape(-1), reduction="none").view(len(seqs), -1)
+    valid = mask[:, 1:].float()
     mean = (nll * valid).sum(1) / valid.sum(1).clamp(min=1)
     return [math.exp(v) for v in mean.tolist()]
 
 
+# Tokens a scoring batch holds: a CPU is busy with one or two pieces of 256 tokens (larger batches only
+# add memory traffic: bench/README.md), a GPU wants many.
+BATCH_TOKENS = {"cpu": 512, "cuda": 16384}
+
+
+def default_batch_size(model: torch.nn.Module, max_len: int) -> int:
+    device = model.get_input_embeddings().weight.device.type
+    return max(1, BATCH_TOKENS.get(device, BATCH_TOKENS["cuda"]) // max(max_len, 1))
+
+
 def score_pieces(model: torch.nn.Module, seqs: list[Any], scores_file: Path, header: dict, *,
-                 batch_size: int = 8, progress: bool = True,
+                 batch_size: int | None = None, progress: bool = True,
                  on_batch: Callable[[int], None] | None = None) -> dict[int, float]:
-    """Perplexity of every piece, appended to ``scores_file`` batch by batch; resumes from it."""
+    """Perplexity of every piece, appended to ``scores_file`` batch by batch; resumes from it. Batches hold
+    pieces of one length where they can (sorted by length); ``batch_size`` defaults to the device's."""
     from tqdm.auto import tqdm
 
     scores: dict[int, float] = {}
@@ -86,16 +105,17 @@ def score_pieces(model: torch.nn.Module, seqs: list[Any], scores_file: Path, hea
     if not scores_file.exists():
         scores_file.write_text(head + "\n")
     todo = sorted((i for i in range(len(seqs)) if i not in scores), key=lambda i: (len(seqs[i]), i))
-    bar = tqdm(total=len(seqs), initial=len(seqs) - len(todo), desc="perplexity", unit="seq",
-               disable=not progress, file=sys.stderr)
+    size = batch_size or default_batch_size(model, max((len(s) for s in seqs), default=1))
+    bar = tqdm(total=sum(len(s) for s in seqs), initial=sum(len(seqs[i]) for i in scores), desc="perplexity",
+               unit="tok", unit_scale=True, disable=not progress, file=sys.stderr)
     with open(scores_file, "a") as out:
-        for b in range(0, len(todo), batch_size):
-            batch = todo[b : b + batch_size]
+        for b in range(0, len(todo), size):
+            batch = todo[b : b + size]
             ppl = sequence_perplexities(model, [seqs[i] for i in batch])
             out.write("".join(f"{i}\t{p!r}\n" for i, p in zip(batch, ppl, strict=True)))
             out.flush()
             scores.update(zip(batch, ppl, strict=True))
-            bar.update(len(batch))
+            bar.update(sum(len(seqs[i]) for i in batch))
             if on_batch is not None:
                 on_batch(len(scores))
     bar.close()
@@ -127,7 +147,7 @@ def _refined_extra(parent_path: Path, parent: Datastore, refinement: dict) -> di
 
 def refine_store(parent_path: Path, out_path: Path, model: torch.nn.Module, tokenizer: Any = None, *,
                  keep: float = 0.5, sample: int | None = None, max_len: int = 256, min_len: int = 8,
-                 batch_size: int = 8, seed: int = 0, model_name: str = "", progress: bool = True,
+                 batch_size: int | None = None, seed: int = 0, model_name: str = "", progress: bool = True,
                  on_batch: Callable[[int], None] | None = None, select: str = "perplexity") -> Datastore:
     """Score the parent store's pieces under ``model``, keep the lowest-perplexity ones, index them.
 

@@ -227,3 +227,14 @@ def test_kept_indices():
     assert kept_indices(scores, 0.01) == [1]
     with pytest.raises(ConfigError):
         kept_indices(scores, 0)
+
+
+def test_pieces_of_one_length_score_unmasked_as_they_do_alone(tiny_llama):
+    from specbench.stores.refine import BATCH_TOKENS, default_batch_size
+
+    gen = torch.Generator().manual_seed(0)
+    same = [torch.randint(3, 128, (24,), generator=gen).numpy() for _ in range(3)]
+    alone = [sequence_perplexities(tiny_llama.model, [s])[0] for s in same]
+    assert sequence_perplexities(tiny_llama.model, same) == pytest.approx(alone, rel=1e-4)
+    assert default_batch_size(tiny_llama.model, 256) == BATCH_TOKENS["cpu"] // 256
+    assert default_batch_size(tiny_llama.model, 10**6) == 1
