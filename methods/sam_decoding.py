@@ -105,12 +105,18 @@ class SAMDecoding(ScopedMemory, Drafter):
     def __init__(self, config: SAMDecodingConfig | None = None, **kwargs) -> None:
         super().__init__(config, **kwargs)
         self.static: SuffixAutomaton | None = None
+        self.store_columns: dict = {}
         if self.config.datastore:
-            self.static = corpus_automaton(open_store(self.name, self.config, self.tokenizer).documents(), self.config.static_max_tokens)
+            store = open_store(self.name, self.config, self.tokenizer)
+            self.store_columns = store.provenance()
+            self.static = corpus_automaton(store.documents(), self.config.static_max_tokens)
         self.recycler = Recycler(self.vocab_size, self.config.topk, self.config.tree)
         self.dynamic = SuffixAutomaton()
 
     matrix = property(lambda self: self.recycler.matrix)  # for inspection
+
+    def provenance(self) -> dict:
+        return self.store_columns
 
     def forget(self) -> None:
         self.recycler.clear()

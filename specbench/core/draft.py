@@ -357,6 +357,11 @@ class Drafter:
         """Checks that need no model (files exist, settings agree), run before the model loads.
         Raise specbench.run.config.ConfigError with one line naming the fix."""
 
+    def provenance(self) -> dict[str, Any]:
+        """Columns this drafter adds to its result rows: what it read besides the model (a store's name,
+        fingerprint and size). None by default."""
+        return {}
+
     def new_turn(self, prompt_ids: list[int]) -> None:
         """What the decode loop calls as a generation begins (each turn of each sample): turn-scoped
         memory is forgotten (:meth:`begin_turn`), then :meth:`start` sees the prompt. Not overridden."""

@@ -92,6 +92,9 @@ class StoreDrafter(Drafter):
         super().__init__(config, **kwargs)
         self.store = open_store(self.name, self.config, self.tokenizer, refined=self.uses_refined(self.config))
 
+    def provenance(self) -> dict[str, Any]:
+        return self.store.provenance()
+
     def propose(self, state: DecodeState) -> Draft | None:
         depth = min(self.config.max_continuation, state.max_depth)
         if depth < 1:

@@ -30,7 +30,8 @@ from specbench.models.config import (
 )
 from specbench.models.load import LoadedModel, load_draft, load_model, load_tokenizer
 from specbench.models.tiny import build_tiny_tokenizer
+from specbench.models.weights import check_weights
 
 __all__ = ["ATTN_IMPLEMENTATIONS", "DEVICES", "DTYPES", "MODEL_KEYS", "QUANTIZATIONS", "LoadedModel",
-           "build_tiny_tokenizer", "load_draft", "load_model", "load_tokenizer", "model_config_check", "model_preset",
+           "build_tiny_tokenizer", "check_weights", "load_draft", "load_model", "load_tokenizer", "model_config_check", "model_preset",
            "resolve_hardware"]

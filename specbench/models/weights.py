@@ -134,3 +134,18 @@ def _weights_source(cfg: dict) -> tuple[str | Path, dict, str]:
         return converted, {}, "converted"
     _convert_gguf(files[0] if len(files) == 1 else _assemble(gguf, files, file), converted)
     return converted, {}, "gguf"
+
+
+def check_weights(cfg: dict) -> None:
+    """The weights can be read (nothing is loaded): a local path exists, a GGUF package is installed, a hub
+    model is in the cache or the hub is reachable; else the one-line error loading would give."""
+    if cfg.get("tiny"):
+        return
+    if cfg.get("path"):
+        path = Path(cfg["path"]).expanduser()
+        if not path.exists():
+            raise ModelLoadError(f"model '{cfg['name']}': path {path} does not exist")
+    elif cfg.get("gguf"):
+        locate_gguf(cfg["gguf"])
+    else:
+        _resolve_hub(cfg)

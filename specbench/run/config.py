@@ -16,7 +16,7 @@ GROUPS = ("model", "method", "dataset", "hardware", "experiment", "variant", "ab
 # so that a re-run with a larger limit resumes the same results file.
 # `repeats` too: each repeat is its own rows (column `repeat`), so repeats=3 extends a run made with repeats=1.
 BOOKKEEPING = ("results_dir", "limit", "offset", "warmup", "progress", "hydra", "paper_dir", "spec_bench_dir",
-               "repeats")
+               "repeats", "build_budget")
 
 
 
@@ -185,6 +185,8 @@ def _check_numbers(cfg: DictConfig) -> None:
     _number(cfg, "limit", int, minimum=1, nullable=True, what="a positive number of samples (or null for all)")
     _number(cfg, "offset", int, minimum=0, what="a whole number >= 0")
     _number(cfg, "warmup", int, minimum=0, what="a whole number of warm-up generations >= 0")
+    _number(cfg, "build_budget", float, minimum=0, nullable=True,
+            what="a number of seconds a run may spend building a missing store (0: never)")
     _number(cfg, "repeats", int, minimum=1, nullable=True,
             what="a positive number of measurements of each sample (repeats=3 as Spec-Bench)")
     if "hardware" in cfg and cfg.hardware.get("num_threads") is not None:

@@ -1,7 +1,7 @@
 """The job a config describes, checked once: :func:`plan` reads the config, the runner reads the :class:`Job`.
 
 Everything that can fail without a model fails here, in this order: settings and
-method fields, the method's own preflight (stores, heads, draft models named),
+method fields, whether the weights can be read, the method's own preflight (stores, heads, draft models named),
 the budget, the dataset's reachability, the sample selection. What comes out is
 a frozen description: the runner never goes back to the config, so every
 decision about what a run means is made in this one place.
@@ -23,7 +23,7 @@ from methods.registry import get_method
 from specbench import data as datasets_
 from specbench.core.acceptance import SamplingParams
 from specbench.errors import ConfigError
-from specbench.models import resolve_hardware
+from specbench.models import check_weights, resolve_hardware
 from specbench.provenance import config_hash
 from specbench.results.metrics import BASELINE
 from specbench.results.rows import run_dir_path, run_file_path, run_name
@@ -113,6 +113,7 @@ def plan(cfg: DictConfig) -> Job:
     with open_dict(cfg):
         cfg.hardware = resolve_hardware(cfg.hardware)
     checked = validate(cfg)
+    check_weights(OmegaConf.to_container(cfg.model, resolve=True))  # before a method plans work for the model
     method = str(cfg.method.name)
     get_method(method).preflight(checked["method"], cfg)
     ddef = datasets_.get_dataset(cfg.dataset.name)

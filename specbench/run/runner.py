@@ -56,6 +56,9 @@ def execute(job: Job) -> Any:
     writer = ResultWriter(job.folder, legacy_file=job.legacy_file)
     _seed_everything(job.seed)
     loaded = load_model(job.model_cfg, job.hardware)
+    build = getattr(job.method_config, "_store_build", None)  # a missing store the plan found quick to build
+    if build is not None:
+        build.run(loaded, progress=job.progress)
     prompts = _first_prompts(job, loaded)
     selected = [s for s in job.samples if s.sample_id in prompts]
     m = Measurement(job, loaded, writer, prompts)
@@ -82,6 +85,10 @@ def execute(job: Job) -> Any:
 
     summary = summarize(load_results([job.folder, *writer.legacy_files]), baseline_method=BASELINE)
     print(format_table(summary))
+    for name, columns in m.columns.items():
+        if columns.get("datastore"):
+            print(f"{name} read the datastore {columns['datastore']} ({columns['datastore_tokens']:,} tokens, "
+                  f"{columns['datastore_kind']}, fingerprint {columns['datastore_fingerprint']})")
     print(f"results: {job.folder}")
     summary.attrs.update(results=str(job.folder), new_generations=n_gen - n_done, generations=n_gen)
     return summary
@@ -119,7 +126,8 @@ class Measurement:
         curve = json.dumps(self.cost.to_dict()) if self.cost is not None else ""
         own = {name: name == job.method for name in job.methods}
         self.columns = {name: {"budget": "auto" if job.auto and own[name] else "fixed",
-                               "cost_curve": curve if own[name] else ""} for name in job.methods}
+                               "cost_curve": curve if own[name] else "", **self.drafters[name].provenance()}
+                        for name in job.methods}
         self.context = {
             **job.context(),
             "run_id": uuid.uuid4().hex[:12],

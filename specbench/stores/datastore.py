@@ -105,6 +105,16 @@ class Datastore:
     def __len__(self) -> int:
         return int(self.meta["tokens"])
 
+    def provenance(self) -> dict[str, Any]:
+        """What a result row says of the store it read: its name, fingerprint, size and kind (a refined
+        store: how many pieces it kept of how many scored)."""
+        refinement = self.meta.get("refinement") or {}
+        kind = str(self.meta.get("source", {}).get("kind", ""))
+        if refinement:
+            kind += f" ({refinement.get('kept')} of {refinement.get('scored') or refinement.get('pieces')} pieces)"
+        return {"datastore": self.path.name, "datastore_fingerprint": str(self.meta.get("fingerprint", ""))[:16],
+                "datastore_tokens": int(self.meta.get("tokens", 0)), "datastore_kind": kind}
+
     @classmethod
     def load(cls, path: str | os.PathLike, tokenizer: Any = None, *, hint: str | None = None) -> Datastore:
         """Open the store at ``path``; with ``tokenizer``, check it was built for that tokenizer.

@@ -9,7 +9,7 @@ from typing import Any
 from specbench import data
 from specbench.errors import ConfigError
 from specbench.paths import cache_root, setting
-from specbench.stores.datastore import BUILD_HINT, prompt_hash, read_meta
+from specbench.stores.datastore import BUILD_HINT, META, prompt_hash, read_meta
 
 REFINED_SUFFIX = "-refined"
 RANDOM_SUFFIX = "-random"  # the matched-size random control of a refined store
@@ -85,11 +85,26 @@ def check_overlap(meta: dict, run_cfg: Any, path: Path) -> None:
 def prepare_store(method: str, config: Any, run_cfg: Any, *, refined: bool = False) -> None:
     """For a method's ``preflight``: check the store its ``datastore`` setting names (:func:`check_store`)
     and note on ``config`` where the drafter will find it and how it is built (not dataclass fields:
-    results record the setting, not the path)."""
-    path = check_store(config.datastore, run_cfg.model, run_cfg, refined=refined,
+    results record the setting, not the path). A missing named store that the run can build within
+    ``build_budget`` is planned instead (``config._store_build``, :mod:`specbench.stores.ondemand`)."""
+    spec = str(config.datastore)
+    path = resolve_store(spec, run_cfg.model, refined=refined)
+    config._store_hint = build_command(spec, run_cfg.model, refined=refined)
+    config._store_build = None
+    if not (path / META).exists() and not is_path_spec(spec):
+        from specbench.stores.ondemand import plan_build
+
+        parent = resolve_store(spec, run_cfg.model)
+        command = " && ".join(([] if (parent / META).exists() else [build_command(spec, run_cfg.model)])
+                              + ([config._store_hint] if refined else []))
+        config._store_build = plan_build(
+            method, spec, run_cfg.model, parent, path if refined else None, device=str(setting(run_cfg.hardware, "device")),
+            budget_s=float(setting(run_cfg, "build_budget", 600) or 0), command=command)
+        config._store_path = str(path)
+        return
+    path = check_store(spec, run_cfg.model, run_cfg, refined=refined,
                        allow_overlap=bool(getattr(config, "allow_overlap", False)))
     config._store_path = str(path)
-    config._store_hint = build_command(config.datastore, run_cfg.model, refined=refined)
 
 
 def open_store(method: str, config: Any, tokenizer: Any, *, refined: bool = False):

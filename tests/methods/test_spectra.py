@@ -306,13 +306,13 @@ def test_smollm2_greedy_lossless(smollm2, tmp_path):
 def test_run_py_without_a_store_names_the_build_command_before_loading(tmp_path):
     env = {**os.environ, "SPECBENCH_CACHE": str(tmp_path / "cache")}
     args = [sys.executable, "run.py", "experiment=smoke", "method=spectra", f"results_dir={tmp_path}/r",
-            "progress=false"]
+            "progress=false", "build_budget=0"]  # no building on demand: the one-line refusal
     proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    assert proc.stderr.strip().splitlines()[-1] == (
-        f"error: no datastore at {tmp_path}/cache/datastores/tiny-llama/stdlib-refined: build one with "
-        "`make datastore-refine MODEL=tiny-llama STORE=stdlib`"
-    )
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: spectra: building the stdlib store (~") and "its perplexity-refined copy" in last
+    assert last.endswith("build it first with `make datastore MODEL=tiny-llama SOURCE=stdlib && "
+                         "make datastore-refine MODEL=tiny-llama STORE=stdlib` (or set build_budget=)")
     assert not list(tmp_path.rglob("*.parquet"))
 
 

@@ -104,11 +104,17 @@ def test_gated_source_says_how_to_authenticate(monkeypatch):
 def test_missing_store_and_mismatch_through_run_py(cache, tmp_path, corpus_dir):
     env = {**os.environ, "SPECBENCH_CACHE": str(cache)}
     args = [sys.executable, "run.py", "experiment=smoke", "method=rest", f"results_dir={tmp_path}/r", "progress=false"]
-    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run(args + ["build_budget=0"], cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
-    assert lines[-1] == (f"error: no datastore at {cache}/datastores/tiny-llama/stdlib: build one with "
-                         "`make datastore MODEL=tiny-llama SOURCE=stdlib`"), proc.stderr
+    assert lines[-1].startswith("error: rest: building the stdlib store (~"), proc.stderr
+    assert lines[-1].endswith("over build_budget=0 s: build it first with `make datastore MODEL=tiny-llama "
+                              "SOURCE=stdlib` (or set build_budget=)"), proc.stderr
+    proc = subprocess.run(args + ["method.datastore=chat"], cwd=ROOT, capture_output=True, text=True, env=env,
+                          timeout=300)  # a store of model answers is never built on demand
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: no datastore at {cache}/datastores/tiny-llama/chat: build one with "
+        "`make datastore MODEL=tiny-llama SOURCE=chat`"), proc.stderr
     assert "Traceback" not in proc.stderr
     # a store built for another tokenizer (the tiny tokenizer over 128 ids; the model here has 130)
     main(["build", "--model", "tiny-llama", "--source", f"dir:{corpus_dir}", "--out", str(tmp_path / "g"), "--quiet"])
