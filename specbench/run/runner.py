@@ -83,12 +83,10 @@ def execute(job: Job) -> Any:
         print(f"{writer.found_from_others} generations were recorded by another job of this run and skipped",
               file=sys.stderr)
 
-    summary = summarize(load_results([job.folder, *writer.legacy_files]), baseline_method=BASELINE)
+    rows = load_results([job.folder, *writer.legacy_files])
+    summary = summarize(rows, baseline_method=BASELINE)
     print(format_table(summary))
-    for name, columns in m.columns.items():
-        if columns.get("datastore"):
-            print(f"{name} read the datastore {columns['datastore']} ({columns['datastore_tokens']:,} tokens, "
-                  f"{columns['datastore_kind']}, fingerprint {columns['datastore_fingerprint']})")
+    _print_stores(rows, {n: c.get("datastore_fingerprint") for n, c in m.columns.items()})
     print(f"results: {job.folder}")
     summary.attrs.update(results=str(job.folder), new_generations=n_gen - n_done, generations=n_gen)
     return summary
@@ -207,6 +205,24 @@ class Measurement:
             answers.append(text)
             bar.set_postfix(method=name, tok_s=f"{rec.new_tokens / max(time.perf_counter() - t0, 1e-9):.1f}")
             bar.update(1)
+
+
+def _print_stores(rows: Any, current: dict[str, str | None]) -> None:
+    """The datastores the rows read, per method, as the rows record them; a warning when one run's rows
+    read different stores, or another store than the one there now (rows recorded before it was rebuilt)."""
+    if "datastore_fingerprint" not in rows.columns:
+        return
+    cols = ["method", "datastore", "datastore_tokens", "datastore_kind", "datastore_fingerprint"]
+    read = rows.dropna(subset=["datastore_fingerprint"]).drop_duplicates(cols)[cols]
+    for method, stores in read.groupby("method"):
+        for s in stores.itertuples():
+            print(f"{method} read the datastore {s.datastore} ({int(s.datastore_tokens):,} tokens, "
+                  f"{s.datastore_kind}, fingerprint {s.datastore_fingerprint})")
+        now = current.get(method)
+        if len(stores) > 1 or (now and now not in set(stores.datastore_fingerprint)):
+            print(f"warning: {method}'s rows in this run read another store than the one there now (fingerprint "
+                  f"{now}; it was rebuilt between runs): give this run another experiment_name to measure it",
+                  file=sys.stderr)
 
 
 def _first_prompts(job: Job, loaded: Any) -> dict[str, list[int]]:

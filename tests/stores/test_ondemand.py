@@ -66,6 +66,21 @@ def test_a_run_builds_its_missing_store_and_rows_name_it(small_stdlib, tmp_path,
     assert "building" not in "".join(capsys.readouterr())  # the next run reads it
 
 
+def test_rows_recorded_with_a_store_since_rebuilt_are_named_as_such(small_stdlib, tmp_path, capsys, monkeypatch):
+    import shutil
+
+    cfg = ("method=spectra_retrieval", "limit=1", "max_new_tokens=8")
+    run(cfg_for(tmp_path / "r", *cfg))
+    first = datastore.read_meta(resolve_store("stdlib", {"name": "tiny-llama"}, refined=True))["fingerprint"][:16]
+    capsys.readouterr()
+    shutil.rmtree(resolve_store("stdlib", {"name": "tiny-llama"}, refined=True))
+    monkeypatch.setattr(ondemand, "SAMPLE", {"cpu": 4, "cuda": 4})  # rebuilt from another sample
+    run(cfg_for(tmp_path / "r", *cfg))  # every generation recorded: nothing decoded with the new store
+    out, err = capsys.readouterr()
+    assert f"fingerprint {first})" in out  # the summary names the store the rows read ...
+    assert "rows in this run read another store than the one there now" in err  # ... and says it changed
+
+
 def test_jobs_that_need_one_store_build_it_once(small_stdlib, tmp_path, monkeypatch):
     from specbench.models import load_model
     from tests.conftest import model_cfg
