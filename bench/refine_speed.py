@@ -22,7 +22,7 @@ from specbench.models import load_model
 from specbench.provenance import environment_info
 from specbench.stores.datastore import Datastore
 from specbench.stores.naming import resolve_store
-from specbench.stores.refine import default_batch_size, pieces, sequence_perplexities
+from specbench.stores.refine import default_batch_size, padded_batch, pieces, sequence_perplexities
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -30,12 +30,7 @@ CONF = Path(__file__).resolve().parents[1] / "conf"
 @torch.inference_mode()
 def earlier(model: torch.nn.Module, seqs: list) -> list[float]:
     """The scorer as it was: a padded, masked batch; cross entropy over [batch, vocab, length]."""
-    width = max(len(s) for s in seqs)
-    ids = torch.zeros(len(seqs), width, dtype=torch.long)
-    mask = torch.zeros(len(seqs), width, dtype=torch.long)
-    for row, s in enumerate(seqs):
-        ids[row, : len(s)] = torch.as_tensor(np.asarray(s, dtype=np.int64))
-        mask[row, : len(s)] = 1
+    ids, mask = padded_batch(seqs)
     logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
     nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
     valid = mask[:, 1:].float()

@@ -45,6 +45,17 @@ def pieces(store: Datastore, max_len: int, min_len: int = 8) -> list[np.ndarray]
     return out
 
 
+def padded_batch(seqs: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids right-padded to the longest sequence, and the mask of real tokens: ``[n, width]`` each."""
+    width = max(len(s) for s in seqs)
+    ids = torch.zeros(len(seqs), width, dtype=torch.long)
+    mask = torch.zeros(len(seqs), width, dtype=torch.long)
+    for row, s in enumerate(seqs):
+        ids[row, : len(s)] = torch.as_tensor(np.asarray(s, dtype=np.int64))
+        mask[row, : len(s)] = 1
+    return ids, mask
+
+
 @torch.inference_mode()
 def sequence_perplexities(model: torch.nn.Module, seqs: list[Any]) -> list[float]:
     """PPL of each sequence under ``model`` in one batch (the first token is context only).
@@ -54,12 +65,7 @@ def sequence_perplexities(model: torch.nn.Module, seqs: list[Any]) -> list[float
     rows of logits (a class dimension in the middle costs several times more on a CPU).
     """
     device = model.get_input_embeddings().weight.device
-    width = max(len(s) for s in seqs)
-    ids = torch.zeros(len(seqs), width, dtype=torch.long)
-    mask = torch.zeros(len(seqs), width, dtype=torch.long)
-    for row, s in enumerate(seqs):
-        ids[row, : len(s)] = torch.as_tensor(np.asarray(s, dtype=np.int64))
-        mask[row, : len(s)] = 1
+    ids, mask = padded_batch(seqs)
     ragged = bool((mask == 0).any())
     ids, mask = ids.to(device), mask.to(device)
     logits = model(input_ids=ids, attention_mask=mask if ragged else None).logits[:, :-1]
