@@ -143,8 +143,9 @@ class Target:
             return full(hidden)
         q_pos = positions.reshape(-1) if positions is not None else upload(offsets + past_len, self.device)
         k_pos = torch.cat([torch.arange(past_len, device=self.device), q_pos])
-        sliding = full(hidden).masked_fill_((q_pos[:, None] - k_pos[None, :] >= self.sliding_window)[None, None], neg)
-        return {"full_attention": full(hidden), "sliding_attention": sliding}
+        whole = full(hidden)
+        sliding = whole.masked_fill((q_pos[:, None] - k_pos[None, :] >= self.sliding_window)[None, None], neg)
+        return {"full_attention": whole, "sliding_attention": sliding}
 
     def forward_draft(self, root: int, draft: Draft, cache: DynamicCache) -> torch.Tensor:
         """Logits after the root, every guess and every auxiliary node (or those of
