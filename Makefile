@@ -49,6 +49,7 @@ SOURCE      ?= stdlib
 STORE       ?= stdlib
 KEEP        ?= 0.5
 SAMPLE      ?= 2000
+LIMIT       ?=
 DATASTORE_ARGS ?=
 
 help: ## list the targets
@@ -190,8 +191,8 @@ reproduce-cpu: setup ## the whole pipeline on SmolLM2 on the CPU (~20 min on 2 c
 	$(PY) -m specbench.report --results $(CPU_RESULTS) --out $(CPU_REPORTS) --compare-model smollm2-135m=L2-7B \
 	  $(if $(PAPER_DIR),--paper-dir $(PAPER_DIR)) all
 
-datastore: setup ## build a retrieval store: MODEL=<model> SOURCE=stdlib|chat|dir:DIR|file:FILE|ultrachat|the-stack-python|generate:DATASET
-	$(PY) -m specbench.datastore build --model $(MODEL) --source $(SOURCE) $(DATASTORE_ARGS)
+datastore: setup ## build a retrieval store: MODEL=<model> SOURCE=stdlib|chat|dir:DIR|file:FILE|ultrachat|the-stack-python|generate:DATASET LIMIT=<records>
+	$(PY) -m specbench.datastore build --model $(MODEL) --source $(SOURCE) $(if $(LIMIT),--limit $(LIMIT)) $(DATASTORE_ARGS)
 
 datastore-refine: setup ## perplexity-refined copy of a store (SPECTRA-RETRIEVAL): MODEL=<model> STORE=<name> KEEP=0.5 SAMPLE=2000
 	$(PY) -m specbench.datastore refine --model $(MODEL) --store $(STORE) --keep $(KEEP) $(if $(SAMPLE),--sample $(SAMPLE)) $(DATASTORE_ARGS)

@@ -12,6 +12,14 @@ CONF = Path(__file__).resolve().parents[1] / "conf"
 CPU_SDPA = {"device": "cpu", "attn_implementation": "sdpa"}
 
 
+@pytest.fixture(autouse=True)
+def _hub_offline(monkeypatch):
+    """Every test sees the hub offline, whatever the machine's network, so that choices made from its
+    reachability (``datastore: auto``) are the same everywhere; tests of the online path patch
+    ``specbench.hub.reachable``."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
 def model_cfg(name: str, **overrides):
     """``conf/model/<name>.yaml`` as a DictConfig, with optional field overrides."""
     cfg = OmegaConf.load(CONF / "model" / f"{name}.yaml")

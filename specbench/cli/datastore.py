@@ -7,12 +7,15 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from specbench.errors import ConfigError, one_line_errors
 from specbench.models import load_model, load_tokenizer, model_preset
 from specbench.paths import setting
 from specbench.stores import corpus
 from specbench.stores.datastore import Datastore, read_meta, tokenizer_identity, write_store
 from specbench.stores.naming import RANDOM_SUFFIX, build_command, resolve_store
+from specbench.stores.ondemand import store_lock
 from specbench.stores.refine import refine_store
 
 
@@ -85,7 +88,8 @@ def refine_from_args(args: Any) -> Datastore:
     if args.select == "random":  # nothing is scored: no model
         model, tokenizer = None, load_tokenizer(model_cfg)
     else:
-        lm = load_model(model_cfg, {"device": args.device, "attn_implementation": "sdpa"})
+        device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+        lm = load_model(model_cfg, {"device": device, "attn_implementation": "sdpa"})
         model, tokenizer = lm.model, lm.tokenizer
     return refine_store(parent, out, model, tokenizer, keep=keep, sample=args.sample, max_len=args.max_len,
                         batch_size=args.batch_size, seed=args.seed, model_name=args.model, progress=not args.quiet,
@@ -125,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--batch-size", type=int, default=None, help="pieces per forward (default: 512 tokens' worth "
                    "on a CPU, 16k on a GPU)")
     r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--device", default="cpu")
+    r.add_argument("--device", default="auto", help="cpu | cuda | auto (the GPU when torch sees one)")
     r.add_argument("--select", default="perplexity", choices=["perplexity", "random"],
                    help="perplexity: the lowest-perplexity pieces (SPECTRA); random: as many pieces drawn at random, "
                         "the control at a matched size (default out: <store>-random)")
@@ -133,10 +137,11 @@ def main(argv: list[str] | None = None) -> None:
     i.add_argument("--store", default="stdlib")
     args = parser.parse_args(argv)
     with one_line_errors():
-        if args.command == "build":
-            build_from_args(args)
-        elif args.command == "refine":
-            refine_from_args(args)
+        if args.command in ("build", "refine"):
+            # a run that needs the same store waits, then reads it (and a second build waits for the first)
+            with store_lock(resolve_store(args.store if args.command == "refine" else
+                                          args.name or corpus.default_name(args.source), _model_cfg(args.model))):
+                (build_from_args if args.command == "build" else refine_from_args)(args)
         else:
             model_cfg = _model_cfg(args.model)
             path = resolve_store(args.store, model_cfg)

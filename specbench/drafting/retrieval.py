@@ -57,7 +57,7 @@ def retrieval_tree(store: Datastore, context: Sequence[int], *, max_nodes: int, 
 class RetrievalConfig:
     """Settings every retrieval drafter shares (REST's defaults)."""
 
-    datastore: str = "stdlib"  # a store name (under the cache, per model) or a path
+    datastore: str = "auto"  # the paper's corpus for the model (stdlib offline), a store name (per model), or a path
     max_suffix: int = 16  # longest context suffix searched (tried first)
     min_suffix: int = 2  # shortest suffix searched
     max_occurrences: int = 500  # occurrences of the matched suffix read (an even stride when there are more)
@@ -93,7 +93,8 @@ class StoreDrafter(Drafter):
         self.store = open_store(self.name, self.config, self.tokenizer, refined=self.uses_refined(self.config))
 
     def provenance(self) -> dict[str, Any]:
-        return self.store.provenance()
+        choice = getattr(self.config, "_store_choice", None)
+        return {**self.store.provenance(), **({"datastore_choice": choice} if choice else {})}
 
     def propose(self, state: DecodeState) -> Draft | None:
         depth = min(self.config.max_continuation, state.max_depth)

@@ -15,7 +15,8 @@ from specbench.paths import CONF_DIR, conf_choices
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 MODEL_KEYS = ("name", "hub_id", "path", "gguf", "tiny", "dtype", "revision", "chat", "chat_template", "params_b",
-              "quantization")
+              "quantization", "domain")
+DOMAINS = ("chat", "code")  # which corpus ``datastore: auto`` reads (specbench.stores.naming.DOMAIN_CORPORA)
 QUANTIZATIONS = ("int8",)  # bitsandbytes LLM.int8 weights (paper Table 6: Llama-2-70B on one GPU)
 DEVICES = ("cpu", "cuda", "auto")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
@@ -50,6 +51,8 @@ def model_config_check(model_cfg, hardware_cfg=None) -> None:
     params_b = cfg.get("params_b")
     if params_b is not None and (isinstance(params_b, bool) or not isinstance(params_b, (int, float)) or params_b < 0):
         raise ModelLoadError(f"model '{name}': params_b must be a non-negative number of billions, got {params_b!r}")
+    if cfg.get("domain") is not None and cfg.get("domain") not in DOMAINS:
+        raise ModelLoadError(f"model '{name}': domain must be one of {', '.join(DOMAINS)}, got {cfg.get('domain')!r}")
     if not isinstance(cfg.get("chat", True), bool):
         raise ModelLoadError(f"model '{name}': chat must be true or false, got {cfg.get('chat')!r}")
     hw = _hardware(hardware_cfg) if hardware_cfg is not None else None

@@ -100,3 +100,22 @@ def format_table(summary: pd.DataFrame) -> str:
 
     sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
     return "\n".join([render(header), sep, *(render(c) for c in lines)])
+
+
+STORE_COLUMNS = ["datastore", "datastore_tokens", "datastore_kind", "datastore_fingerprint"]
+
+
+def stores_read(rows: pd.DataFrame) -> list[tuple[str, str, str, str]]:
+    """``(method, preset, fingerprint, description)`` of each datastore the rows read, as the rows record it:
+    name, size, refined or not, fingerprint, and how ``datastore: auto`` chose it (a fallback says so)."""
+    if rows.empty or "datastore_fingerprint" not in rows.columns:
+        return []
+    rows = with_preset(rows.dropna(subset=["datastore_fingerprint"]))
+    cols = ["method", "preset", *STORE_COLUMNS] + (["datastore_choice"] if "datastore_choice" in rows.columns else [])
+    out = []
+    for s in rows[cols].drop_duplicates().itertuples():
+        choice = getattr(s, "datastore_choice", None)
+        choice = f"; {choice}" if isinstance(choice, str) and choice else ""
+        out.append((s.method, s.preset, s.datastore_fingerprint, f"{s.datastore} ({int(s.datastore_tokens):,} tokens, "
+                    f"{s.datastore_kind}, fingerprint {s.datastore_fingerprint}{choice})"))
+    return out

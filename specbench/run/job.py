@@ -28,6 +28,7 @@ from specbench.provenance import config_hash
 from specbench.results.metrics import BASELINE
 from specbench.results.rows import run_dir_path, run_file_path, run_name
 from specbench.run.config import BOOKKEEPING, effective_budget, validate
+from specbench.stores.naming import resolve_auto_store
 
 
 @dataclass(frozen=True)
@@ -107,14 +108,20 @@ def plan(cfg: DictConfig) -> Job:
     """Check ``cfg`` (the composed run config) and describe the job; raise one line naming the fix.
 
     ``hardware: auto`` is resolved first (to the GPU when torch sees one), so that the job, its rows and
-    its hash name the device it runs on.
+    its hash name the device it runs on; so is a retrieval method's ``datastore: auto`` (the paper's corpus
+    for the model, or the standard library offline, said in the run's first lines).
     """
     cfg = cfg.copy()
     with open_dict(cfg):
         cfg.hardware = resolve_hardware(cfg.hardware)
+        store_choice = resolve_auto_store(cfg)  # datastore: auto -> the store read (hashed as such)
     checked = validate(cfg)
     check_weights(OmegaConf.to_container(cfg.model, resolve=True))  # before a method plans work for the model
     method = str(cfg.method.name)
+    if store_choice:
+        checked["method"]._store_choice = store_choice  # rows say how the store was chosen
+        if "fallback" in store_choice:
+            print(f"{method}: datastore {store_choice} (set method.datastore= to choose)", file=sys.stderr)
     get_method(method).preflight(checked["method"], cfg)
     ddef = datasets_.get_dataset(cfg.dataset.name)
     datasets_.check_available(cfg.dataset)

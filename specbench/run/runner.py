@@ -37,7 +37,7 @@ from specbench.models import load_draft, load_model
 from specbench.provenance import environment_info
 from specbench.results.metrics import BASELINE, summarize
 from specbench.results.rows import ResultWriter, load_results, make_row
-from specbench.results.table import format_table
+from specbench.results.table import format_table, stores_read
 from specbench.run.job import Job, plan
 
 
@@ -210,16 +210,13 @@ class Measurement:
 def _print_stores(rows: Any, current: dict[str, str | None]) -> None:
     """The datastores the rows read, per method, as the rows record them; a warning when one run's rows
     read different stores, or another store than the one there now (rows recorded before it was rebuilt)."""
-    if "datastore_fingerprint" not in rows.columns:
-        return
-    cols = ["method", "datastore", "datastore_tokens", "datastore_kind", "datastore_fingerprint"]
-    read = rows.dropna(subset=["datastore_fingerprint"]).drop_duplicates(cols)[cols]
-    for method, stores in read.groupby("method"):
-        for s in stores.itertuples():
-            print(f"{method} read the datastore {s.datastore} ({int(s.datastore_tokens):,} tokens, "
-                  f"{s.datastore_kind}, fingerprint {s.datastore_fingerprint})")
+    read: dict[str, set] = {}
+    for method, preset, fingerprint, description in stores_read(rows):
+        print(f"{preset} read the datastore {description}")
+        read.setdefault(method, set()).add(fingerprint)
+    for method, fingerprints in read.items():
         now = current.get(method)
-        if len(stores) > 1 or (now and now not in set(stores.datastore_fingerprint)):
+        if len(fingerprints) > 1 or (now and now not in fingerprints):
             print(f"warning: {method}'s rows in this run read another store than the one there now (fingerprint "
                   f"{now}; it was rebuilt between runs): give this run another experiment_name to measure it",
                   file=sys.stderr)

@@ -45,11 +45,15 @@ class HubPreset:
     data_dir: str | None = None
     split: str = "train"
     gated: bool = False
+    records: int = 100_000  # what a run streams when it builds the store itself (the paper's ~100k sequences)
+    bytes_per_record: int = 6_000  # for the estimate before the build
 
 
 HUB_PRESETS = {
-    "ultrachat": HubPreset("stingning/ultrachat", "data"),
-    "the-stack-python": HubPreset("bigcode/the-stack", "content", data_dir="data/python", gated=True),
+    # 632 MB of text per 100k UltraChat dialogues (the size of a public 100k-dialogue sample of it)
+    "ultrachat": HubPreset("stingning/ultrachat", "data", bytes_per_record=6_300),
+    "the-stack-python": HubPreset("bigcode/the-stack", "content", data_dir="data/python", gated=True,
+                                  bytes_per_record=5_000),
 }
 CHAT_PRESET = {"dataset": "mtbench", "offset": 40, "limit": 40, "turns": 1, "max_new_tokens": 256}
 
@@ -162,6 +166,21 @@ def check_hub(hub_id: str, gated: bool) -> None:
         if not get_token():
             raise ConfigError(f"{hub_id} is gated: accept its terms at https://huggingface.co/datasets/{hub_id}, "
                               "then authenticate with `hf auth login` (or set HF_TOKEN) and rerun")
+
+
+def hub_problem(name: str) -> str | None:
+    """Why the hub preset ``name`` cannot be streamed here (None when it can): no hub, or gated without a token."""
+    from specbench import hub
+
+    preset = HUB_PRESETS[name]
+    if not hub.reachable():
+        return "the Hugging Face hub is unreachable"
+    if preset.gated:
+        from huggingface_hub import get_token
+
+        if not get_token():
+            return f"{preset.hub_id} is gated and no hub token is set"
+    return None
 
 
 def _hub_texts(preset: HubPreset, field_name: str | None, limit: int | None) -> Iterator[str]:

@@ -13,6 +13,9 @@ from specbench.stores.datastore import BUILD_HINT, META, prompt_hash, read_meta
 
 REFINED_SUFFIX = "-refined"
 RANDOM_SUFFIX = "-random"  # the matched-size random control of a refined store
+AUTO = "auto"  # ``datastore: auto``: the paper's corpus for the model's domain (:func:`choose_store`)
+DOMAIN_CORPORA = {"chat": "ultrachat", "code": "the-stack-python"}  # SPECTRA's and REST's corpora
+OFFLINE_CORPUS = "stdlib"  # what every machine has
 
 
 def stores_root() -> Path:
@@ -36,16 +39,48 @@ def resolve_store(spec: str, model_cfg: Any, *, refined: bool = False) -> Path:
     return path.with_name(path.name + REFINED_SUFFIX) if refined else path
 
 
+def choose_store(model_cfg: Any, *, refined: bool = False) -> tuple[str, str]:
+    """``datastore: auto`` -> (store name, what was chosen and why, for the run's first lines and its rows).
+
+    The paper's corpus for the model's ``domain`` (UltraChat for chat models, The Stack's Python for code
+    models) when it is built already or the hub can stream it; else the standard library, named as a fallback.
+    """
+    from specbench.stores.corpus import hub_problem
+
+    domain = str(setting(model_cfg, "domain", None) or "chat")
+    corpus = DOMAIN_CORPORA[domain]
+    built = any((resolve_store(corpus, model_cfg, refined=r) / META).exists() for r in {refined, False})
+    problem = None if built else hub_problem(corpus)
+    if problem is None:
+        return corpus, f"auto -> {corpus} ({domain} model)"
+    return OFFLINE_CORPUS, f"auto -> {OFFLINE_CORPUS}, a fallback: {corpus} ({domain} model) unavailable, {problem}"
+
+
+def resolve_auto_store(cfg: Any) -> str:
+    """Replace a method's ``datastore: auto`` in the run config by the store :func:`choose_store` picks,
+    before the config is hashed (an offline run hashes as ``datastore=stdlib``). Returns the choice, for
+    the run's first lines when it is a fallback and for its rows ("" for any other setting)."""
+    method = cfg.method
+    if str(method.get("datastore", None)) != AUTO:
+        return ""
+    method.datastore, choice = choose_store(cfg.model, refined=bool(method.get("refine", False)))
+    return choice
+
+
 def build_command(spec: str, model_cfg: Any, *, refined: bool = False) -> str:
-    """The one command that builds the store a method's ``datastore`` setting names."""
+    """The one command that builds the store a method's ``datastore`` setting names (a hub corpus: the
+    paper's ~100k sequences of it, as a run would build)."""
+    from specbench.stores.corpus import HUB_PRESETS
+
     model = str(setting(model_cfg, "name"))
+    hub = HUB_PRESETS.get(spec)
     if refined:
         if is_path_spec(spec):
             return f"python -m specbench.datastore refine --model {model} --store {spec}"
-        return f"make datastore-refine MODEL={model} STORE={spec}"
+        return f"make datastore-refine MODEL={model} STORE={spec}" + (f" SAMPLE={hub.records}" if hub else "")
     if is_path_spec(spec):
         return f"python -m specbench.datastore build --model {model} --source <stdlib|dir:DIR|file:FILE|hub:ID|generate:DATASET> --out {spec}"
-    return BUILD_HINT.format(model=model, source=spec)
+    return BUILD_HINT.format(model=model, source=spec) + (f" LIMIT={hub.records}" if hub else "")
 
 
 def check_store(spec: str, model_cfg: Any, run_cfg: Any = None, *, refined: bool = False,
@@ -87,6 +122,8 @@ def prepare_store(method: str, config: Any, run_cfg: Any, *, refined: bool = Fal
     and note on ``config`` where the drafter will find it and how it is built (not dataclass fields:
     results record the setting, not the path). A missing named store that the run can build within
     ``build_budget`` is planned instead (``config._store_build``, :mod:`specbench.stores.ondemand`)."""
+    if str(config.datastore) == AUTO:  # a preflight outside plan(), which resolves it first
+        config.datastore, config._store_choice = choose_store(run_cfg.model, refined=refined)
     spec = str(config.datastore)
     path = resolve_store(spec, run_cfg.model, refined=refined)
     config._store_hint = build_command(spec, run_cfg.model, refined=refined)

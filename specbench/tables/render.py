@@ -11,6 +11,7 @@ from typing import Any
 import pandas as pd
 
 from specbench.results.metrics import BASELINE, summarize, with_preset
+from specbench.results.table import stores_read
 
 MISSING = "—"
 
@@ -131,5 +132,10 @@ def _machines(df: pd.DataFrame) -> str:
     return "; ".join(sorted(combos))
 
 
+def _stores(df: pd.DataFrame) -> list[str]:
+    """One note per datastore the table's rows read (retrieval presets): name, size, refined or not."""
+    return [f"{preset} read the datastore {description}." for _, preset, _, description in stores_read(df)]
+
+
 def _notes(df: pd.DataFrame, extra: Sequence[str] = ()) -> list[str]:
-    return [CELL_LEGEND, ACROSS_MACHINES, *extra, f"Ours measured on: {_machines(df)}."]
+    return [CELL_LEGEND, ACROSS_MACHINES, *extra, f"Ours measured on: {_machines(df)}.", *_stores(df)]

@@ -154,6 +154,22 @@ def test_table2_names_rows_from_method_settings(paper_dir):
     assert md.index("CORE w/o Forward Dict") < md.index("| SPECTRA")  # the paper's row order
 
 
+def test_tables_name_the_store_each_retrieval_row_read(paper_dir):
+    store = {"datastore_tokens": 51124, "datastore_kind": "refined (200 of 400 pieces)"}
+    rows = pd.DataFrame([
+        row("autoregressive", "a", [1] * 6, 6.0),
+        row("spectra_retrieval", "a", [1, 2, 3], 3.0, params={"refine": True}, datastore="stdlib-refined",
+            datastore_fingerprint="f7f7", datastore_choice="auto -> stdlib, a fallback: ultrachat unavailable", **store),
+        row("spectra_retrieval", "a", [1, 2, 3], 3.0, job="j2", params={"refine": False}, datastore="ultrachat",
+            datastore_fingerprint="abcd", datastore_tokens=9, datastore_kind="hub"),
+    ])
+    notes = paper_tables.table2(rows, paper_tables.load_paper(paper_dir, required=True)).notes
+    assert ("spectra_retrieval read the datastore stdlib-refined (51,124 tokens, refined (200 of 400 pieces), "
+            "fingerprint f7f7; auto -> stdlib, a fallback: ultrachat unavailable).") in notes
+    assert "spectra_retrieval read the datastore ultrachat (9 tokens, hub, fingerprint abcd)." in notes
+    assert not [n for n in render._notes(rows[rows.method == "autoregressive"]) if "datastore" in n]
+
+
 @pytest.mark.parametrize(
     "method,params,variant",
     [
