@@ -112,7 +112,7 @@ def top_level_settings() -> list[str]:
 def _check_setting(key: str) -> None:
     """A misspelt setting gets "did you mean", not Hydra's advice to append it with ``+`` (which would run
     with the setting silently ignored)."""
-    head = key.split(".", 1)[0]
+    head = key.split(".", 1)[0].split("/", 1)[0]  # hydra/launcher=slurm: a group of Hydra's own
     known = top_level_settings()
     if head not in known:
         raise UnknownNameError(suggest("setting", head, [k for k in known if k != "hydra"],

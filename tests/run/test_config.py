@@ -77,6 +77,13 @@ def test_sweep_lists_and_plain_settings_are_not_group_names():
     check_overrides(["-m", "method=autoregressive,autoregressive", "limit=3", "model.dtype=bfloat16"])
 
 
+def test_hydras_own_groups_and_settings_pass_and_a_misspelt_setting_does_not():
+    line = ["-m", "hydra/launcher=slurm", "hydra.launcher.partition=gpu", "hydra.sweep.dir=/x"]
+    assert check_overrides(line)[:4] == line
+    with pytest.raises(UnknownNameError, match="did you mean 'limit'"):
+        check_overrides(["limt=3"])
+
+
 @pytest.mark.parametrize(
     "override,message",
     [
