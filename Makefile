@@ -15,7 +15,7 @@ STAMP       := $(VENV)/.specbench-installed
 PYTEST      := $(PY) -m pytest -p no:cacheprovider
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo smoke smoke-experiments test test-slow test-all gpu-check lint bench bench-stores bench-retrieval clean train-acceptance-head \
+.PHONY: help setup demo smoke smoke-experiments test test-slow slurm-test test-all gpu-check lint bench bench-stores bench-retrieval clean train-acceptance-head \
         datastore datastore-refine memory_scopes spec_bench table1 table2 table3 table4 table5 table6 table7 figures report reproduce-cpu
 
 # Paper reproduction. Sweeps write <RESULTS>/<experiment>/; reports go to <REPORTS>/ (Markdown, LaTeX,
@@ -74,10 +74,19 @@ test: setup ## the fast test suite
 	$(PYTEST) -m "not slow" -q
 
 test-slow: setup ## the slow tests (real models over many prompts, real datasets)
-	$(PYTEST) -m slow -q
+	$(PYTEST) -m "slow and not slurm" -q
 
-test-all: setup ## every test
-	$(PYTEST) -q
+SLURM_PKGS := slurmctld slurmd slurm-client munge
+slurm-test: setup ## sweeps through hydra/launcher=slurm on a throw-away one-node SLURM cluster (~5 min; installs SLURM as root)
+	@command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && echo "installing $(SLURM_PKGS) (apt-get)" && \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	    $(SLURM_PKGS) >/dev/null; } || \
+	  { echo "error: make slurm-test needs SLURM and munge: sudo apt-get install $(SLURM_PKGS)" >&2; exit 2; }
+	$(PYTEST) -m slurm tests/slurm -q
+
+test-all: setup ## every test but the SLURM ones (make slurm-test)
+	$(PYTEST) -m "not slurm" -q
 
 gpu-check: setup ## the GPU paths checked on this machine's CUDA GPU, offline (random-weight 7B/8B shapes; < 10 min)
 	$(PY) -m specbench.gpu_check

@@ -5,11 +5,13 @@ A base module: it imports nothing from the project but :mod:`specbench.errors`.
 
 from __future__ import annotations
 
+import fcntl
 import importlib.metadata as md
 import os
 import shutil
 import uuid
 from collections.abc import Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,26 @@ def private_tmp(path: Path) -> Path:
     """A temporary name beside ``path`` that no other process uses: write there, then ``replace`` onto
     ``path`` (two jobs filling one cache entry at once must not share, and lose, one temporary file)."""
     return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+
+
+@contextmanager
+def exclusive(path: Path, on_wait=None):
+    """An exclusive lock on ``.<name>.lock`` beside ``path`` (flock: jobs on one machine, or on nodes of a
+    shared filesystem that supports it): what many jobs need is made by one while the others wait.
+    ``on_wait()`` is called once when another holder makes this one wait."""
+    lock = path.with_name(f".{path.name}.lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait is not None:
+                on_wait()
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def atomic_publish(tmp: Path, final: Path) -> None:

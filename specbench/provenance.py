@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -112,7 +113,19 @@ def environment_info(device: str | torch.device, *, devices: list | None = None,
         "quantization": quantization or "",
         "cuda_version": (torch.version.cuda or "") if gpus else "",
         "driver_version": driver_version() if gpus else "",
+        **scheduler_info(),
     }
+
+
+def scheduler_info() -> dict[str, str]:
+    """The SLURM job a row was measured in (``slurm_job_id``: ``<array job>_<task>`` for an array task), the
+    node it ran on and how often SLURM had restarted it (requeue, preemption); empty outside SLURM."""
+    env = os.environ
+    job = env.get("SLURM_JOB_ID", "")
+    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
+        job = f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    return {"slurm_job_id": job, "slurm_node": env.get("SLURMD_NODENAME", "") if job else "",
+            "slurm_restarts": env.get("SLURM_RESTART_COUNT", "0") if job else ""}
 
 
 def config_hash(cfg: dict[str, Any], length: int = 12) -> str:

@@ -200,22 +200,34 @@ def load_or_measure(loaded: Any, model_name: str, dtype: str, attn: str, *, reme
                     progress: bool = False, **measure_kw) -> CostModel:
     """The cached curve for this machine and model, or a new measurement (saved for next time)."""
     from specbench.core.forward import Target
-    from specbench.paths import private_tmp
+    from specbench.paths import exclusive, private_tmp
 
     target = Target(loaded.model)
     key = cost_key(model_name, dtype, attn, target.device, devices=target.devices,
                    quantization=getattr(loaded, "quantization", ""), device_map=getattr(loaded, "device_map", ""))
     path = cost_path(key, model_name, dtype)
-    if path.exists() and not remeasure:
-        try:
-            return CostModel.from_dict(json.loads(path.read_text()))
-        except (ValueError, KeyError, TypeError):
-            pass  # an unreadable cache entry is measured again
-    measure_kw.setdefault("context_length", getattr(loaded, "context_length", None))
-    model = measure(target, loaded.vocab_size, progress=progress, **measure_kw)
-    model.key = key
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = private_tmp(path)
-    tmp.write_text(json.dumps(model.to_dict(), indent=1))
-    tmp.replace(path)
+    cached = None if remeasure else _read_curve(path)
+    if cached is not None:
+        return cached
+    with exclusive(path):  # jobs of a sweep that start together: one measures, the others read its curve
+        cached = None if remeasure else _read_curve(path)
+        if cached is not None:
+            return cached
+        measure_kw.setdefault("context_length", getattr(loaded, "context_length", None))
+        model = measure(target, loaded.vocab_size, progress=progress, **measure_kw)
+        model.key = key
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = private_tmp(path)
+        tmp.write_text(json.dumps(model.to_dict(), indent=1))
+        tmp.replace(path)
     return model
+
+
+def _read_curve(path: Path) -> CostModel | None:
+    """The curve saved at ``path``; None when there is none or it is unreadable (then measured again)."""
+    if not path.exists():
+        return None
+    try:
+        return CostModel.from_dict(json.loads(path.read_text()))
+    except (ValueError, KeyError, TypeError):
+        return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 
 import torch
@@ -56,6 +57,13 @@ def load_tokenizer(model_cfg) -> transformers.PreTrainedTokenizerBase:
     return tokenizer
 
 
+def allocated_cpus() -> int | None:
+    """The CPUs a scheduler gave this job (``SLURM_CPUS_PER_TASK``), for torch's threads: its default is
+    every core of the node, which jobs sharing a node then fight over. None outside SLURM."""
+    value = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
 def load_model(model_cfg, hardware_cfg=None) -> LoadedModel:
     """Load a model and its tokenizer as ``model_cfg`` describes: eval mode, on the configured device.
 
@@ -65,8 +73,9 @@ def load_model(model_cfg, hardware_cfg=None) -> LoadedModel:
     model_config_check(model_cfg)
     cfg, hw = _plain(model_cfg), _hardware(hardware_cfg)
     name, dtype_name, attn = cfg["name"], cfg.get("dtype", "float32"), hw["attn_implementation"]
-    if hw["num_threads"]:
-        torch.set_num_threads(int(hw["num_threads"]))
+    threads = hw["num_threads"] or allocated_cpus()
+    if threads:
+        torch.set_num_threads(int(threads))
     _memory_check(cfg, hw)
 
     if cfg.get("tiny"):

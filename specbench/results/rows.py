@@ -50,17 +50,9 @@ REQUIRED_CONTEXT = (
 # Rows that agree on these are one measurement: reading keeps one of them.
 DEDUP_KEYS = ("experiment", "config_hash", "sample_id", "turn", "method", "repeat")
 PROVENANCE_FIELDS = (
-    "git_commit",
-    "specbench_version",
-    "python_version",
-    "torch_version",
-    "transformers_version",
-    "device_name",
-    "gpu_count",
-    "device_map",
-    "quantization",
-    "cuda_version",
-    "driver_version",
+    "git_commit", "specbench_version", "python_version", "torch_version", "transformers_version",
+    "device_name", "gpu_count", "device_map", "quantization", "cuda_version", "driver_version",
+    "slurm_job_id", "slurm_node", "slurm_restarts",
 )
 
 

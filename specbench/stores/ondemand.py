@@ -20,10 +20,8 @@ builds, the others wait and read it.
 
 from __future__ import annotations
 
-import fcntl
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +29,7 @@ from typing import Any
 import torch
 
 from specbench.errors import ConfigError
+from specbench.paths import exclusive
 from specbench.stores.datastore import META
 
 BUILDABLE = ("stdlib", "ultrachat", "the-stack-python")  # sources a run builds itself (hub ones: when reachable)
@@ -77,10 +76,16 @@ class StoreBuild:
         from specbench.stores.datastore import tokenizer_identity, write_store
         from specbench.stores.refine import refine_store
 
-        print(f"{self.method}: building {self.describe()} for {self.model}; next time it is read from "
-              f"{self.refined or self.parent}", file=sys.stderr)
         start = time.perf_counter()
-        with store_lock(self.parent):
+        waited: list[bool] = []
+        with store_lock(self.parent, on_wait=lambda: (waited.append(True), self._say(
+                f"another job is building {self.refined or self.parent}; waiting for it"))):
+            if (self.refined or self.parent).joinpath(META).exists():
+                if waited:
+                    self._say(f"read the store another job built ({_duration(time.perf_counter() - start)} waited)")
+                return
+            self._say(f"building {self.describe()} for {self.model}; next time it is read from "
+                      f"{self.refined or self.parent}")
             if not (self.parent / META).exists():
                 corp = open_corpus(self.spec, limit=self.limit)
                 texts = _ByteCounter(corp.texts)
@@ -90,21 +95,15 @@ class StoreBuild:
             if self.refined is not None and not (self.refined / META).exists():
                 refine_store(self.parent, self.refined, loaded.model, loaded.tokenizer, keep=0.5,
                              sample=self.sample, max_len=PIECE, model_name=self.model, progress=progress)
-        print(f"{self.method}: store ready in {_duration(time.perf_counter() - start)} "
-              f"(estimated ~{_duration(self.total_seconds)})", file=sys.stderr)
+        self._say(f"store ready in {_duration(time.perf_counter() - start)} (estimated ~{_duration(self.total_seconds)})")
+
+    def _say(self, line: str) -> None:
+        print(f"{self.method}: {line}", file=sys.stderr)
 
 
-@contextmanager
-def store_lock(path: Path):
+def store_lock(path: Path, on_wait=None):
     """An exclusive lock beside the store: concurrent jobs (and ``make datastore``) build it once."""
-    lock = path.with_name(f".{path.name}.lock")
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    return exclusive(path, on_wait)
 
 
 def _duration(seconds: float) -> str:

@@ -197,7 +197,8 @@ def test_cli_errors_are_one_line(args, message, tmp_path):
 def test_slurm_launcher_composes():
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=["hydra/launcher=slurm"], return_hydra_config=True)
-    assert "submitit" in cfg.hydra.launcher._target_.lower() and cfg.hydra.launcher.gpus_per_node == 1
+    assert cfg.hydra.launcher._target_ == "hydra_plugins.specbench_slurm.SlurmLauncher"
+    assert cfg.hydra.launcher.gpus_per_node == 1
 
 
 @pytest.mark.parametrize(
