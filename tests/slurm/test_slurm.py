@@ -66,6 +66,8 @@ def test_a_smoke_sweep_of_two_methods_by_two_datasets_runs_every_job_under_slurm
     assert set(df.method) == {"anpd", "rest", "autoregressive"} and set(df.dataset) == {"humaneval", "mtbench"}
     assert df.slurm_job_id.str.fullmatch(r"\d+_[0-3]").all() and (df.slurm_node == cluster.node).all()
     assert df.slurm_job_id.nunique() == 4  # one array task a job, each row naming its own
+    print(f"smoke sweep: {report_line(out.stderr)}; jobs {sorted(df.slurm_job_id.unique())} on {cluster.node}, "
+          f"{len(df)} rows")
     logs = [p.read_text() for p in (work / "submitit").rglob("*_log.err")]
     built = [log for log in logs if "rest: building the stdlib store" in log]
     waited = [log for log in logs if "rest: another job is building" in log and "read the store another job built" in log]
@@ -117,6 +119,8 @@ def test_shards_a_cancelled_and_a_requeued_job_resume_and_a_rerun_finishes_only_
     kept = int((df.slurm_job_id == cancelled).sum())
     per_shard = 6 * 2 * 2  # 6 MT-Bench questions, two turns each, by pld and its baseline
     assert 3 <= kept < per_shard and before >= 3 and before + after == per_shard  # the requeued task redid nothing
+    print(f"shards: {report_line(err)}; cancelled {cancelled} after {kept} of {per_shard} rows; requeued {requeued}: "
+          f"{before} rows before, {after} after its restart; {failed.strip()[-160:]}")
 
     rerun = sweep(cluster, work, "shards-again", *args)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
@@ -125,6 +129,7 @@ def test_shards_a_cancelled_and_a_requeued_job_resume_and_a_rerun_finishes_only_
     assert len(df[~df.slurm_job_id.isin([cancelled, requeued])]) == per_shard - kept  # only what was missing
     files = list((work / "results" / "smoke").rglob("*.parquet"))
     assert len(df) == 2 * per_shard == len(files)  # one file a generation: none was generated twice
+    print(f"re-run: {report_line(rerun.stderr)}; the cancelled shard's new job generated {per_shard - kept} rows")
 
 
 def test_a_job_whose_node_lacks_the_weights_fails_in_one_line_in_the_sweep_report(cluster, work):
@@ -132,5 +137,6 @@ def test_a_job_whose_node_lacks_the_weights_fails_in_one_line_in_the_sweep_repor
     assert out.returncode == 1
     assert report_line(out.stderr) == "1 done, 0 skipped (already recorded), 1 failed"
     (failed,) = [ln for ln in out.stderr.splitlines() if ln.startswith("  failed:")]
+    print(f"missing weights: {report_line(out.stderr)}; {failed.strip()[-200:]}")
     assert re.search(r"model=llama2-7b.*: model 'llama2-7b' \(meta-llama/Llama-2-7b-chat-hf\) is not in the Hugging "
                      r"Face cache", failed) and "hf download" in failed
