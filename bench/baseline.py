@@ -79,6 +79,8 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--linear", nargs="+", default=["plain", "auto"], choices=["auto", "packed", "plain"],
+                    help="CPU linear layers (hardware.linear): each is measured, both loops on the same forward")
     args = ap.parse_args()
 
     model_cfg = OmegaConf.load(CONF / "model" / f"{args.model}.yaml")
@@ -90,12 +92,14 @@ def main() -> None:
     print(
         f"model {args.model}, {len(samples)} {args.dataset} prompts x {args.rounds} rounds, {args.max_new_tokens} new tokens max"
     )
-    print(f"{'dtype':9} {'ours tok/s':>11} {'generate tok/s':>15} {'ratio':>7}  outputs equal")
+    print(f"{'dtype':9} {'linear':7} {'ours tok/s':>11} {'generate tok/s':>15} {'ratio':>7}  outputs equal")
     for dtype in args.dtypes:
-        loaded = load_model(OmegaConf.merge(model_cfg, {"dtype": dtype}), hardware_cfg)
-        prompts = [ddef.build_prompt(loaded.tokenizer, s, 0, [], ds_cfg, True) for s in samples]
-        ours_tps, gen_tps, equal = compare(loaded, prompts, args.max_new_tokens, args.rounds)
-        print(f"{dtype:9} {ours_tps:11.1f} {gen_tps:15.1f} {ours_tps / gen_tps:7.3f}  {equal}")
+        for linear in args.linear:
+            hw = OmegaConf.merge(hardware_cfg, {"linear": linear})
+            loaded = load_model(OmegaConf.merge(model_cfg, {"dtype": dtype}), hw)
+            prompts = [ddef.build_prompt(loaded.tokenizer, s, 0, [], ds_cfg, True) for s in samples]
+            ours_tps, gen_tps, equal = compare(loaded, prompts, args.max_new_tokens, args.rounds)
+            print(f"{dtype:9} {loaded.linear:7} {ours_tps:11.1f} {gen_tps:15.1f} {ours_tps / gen_tps:7.3f}  {equal}")
 
 
 if __name__ == "__main__":

@@ -309,7 +309,8 @@ def main() -> None:
                                        args.model, plan, attn)
             print(f"cost curve ({plan}{', flat: GPU-like' if args.flat_cost else ''}):\n{cost.table()}")
         for name in args.datasets:
-            found = dataset_prompts(name, loaded.tokenizer, model_cfg, limit=args.prompts, path=paths.get(name))
+            found = dataset_prompts(name, loaded.tokenizer, model_cfg, limit=args.prompts,
+                                    path=paths.get(name.partition(":")[0]))
             if found is None:
                 continue
             ds_cfg, prompts = found

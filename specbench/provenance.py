@@ -92,11 +92,12 @@ def driver_version() -> str:
 
 
 def environment_info(device: str | torch.device, *, devices: list | None = None, quantization: str = "",
-                     device_map: str = "") -> dict[str, Any]:
+                     device_map: str = "", linear: str = "") -> dict[str, Any]:
     """Code and software versions, the device's name and the model's placement (no hostname).
 
     ``devices``: every device holding the model's weights (``Target.devices``); ``gpu_count`` counts the
-    GPUs among them. ``quantization`` and ``device_map`` as the model was loaded (``LoadedModel``).
+    GPUs among them. ``quantization``, ``device_map`` and ``linear`` (packed or plain CPU linear layers) as the
+    model was loaded (``LoadedModel``).
     """
     import transformers
 
@@ -113,6 +114,7 @@ def environment_info(device: str | torch.device, *, devices: list | None = None,
         "quantization": quantization or "",
         "cuda_version": (torch.version.cuda or "") if gpus else "",
         "driver_version": driver_version() if gpus else "",
+        "linear": linear or "plain",
         **scheduler_info(),
     }
 

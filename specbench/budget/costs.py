@@ -176,9 +176,9 @@ def measure(target: Any, vocab_size: int, *, qs=QS, contexts=None, repeats: int 
 
 
 def cost_key(model_name: str, dtype: str, attn: str, device: Any, *, devices: list | None = None,
-             quantization: str = "", device_map: str = "") -> str:
+             quantization: str = "", device_map: str = "", linear: str = "plain") -> str:
     """Which machine, software, model and placement a curve belongs to: int8 on one GPU and fp16 over
-    two, four or eight never share one."""
+    two, four or eight never share one, nor do packed and plain CPU linear layers."""
     import transformers
 
     from specbench.provenance import device_name
@@ -186,7 +186,7 @@ def cost_key(model_name: str, dtype: str, attn: str, device: Any, *, devices: li
     gpus = sorted({str(d) for d in (devices or [device]) if torch.device(d).type == "cuda"})
     ident = [MEASURE_VERSION, model_name, dtype, attn, device_name(device), torch.__version__,
              transformers.__version__, quantization, device_map, [device_name(g) for g in gpus],
-             (torch.version.cuda or "") if gpus else ""]
+             (torch.version.cuda or "") if gpus else ""] + ([] if linear == "plain" else [linear])
     return hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:16]
 
 
@@ -204,7 +204,8 @@ def load_or_measure(loaded: Any, model_name: str, dtype: str, attn: str, *, reme
 
     target = Target(loaded.model)
     key = cost_key(model_name, dtype, attn, target.device, devices=target.devices,
-                   quantization=getattr(loaded, "quantization", ""), device_map=getattr(loaded, "device_map", ""))
+                   quantization=getattr(loaded, "quantization", ""), device_map=getattr(loaded, "device_map", ""),
+                   linear=getattr(loaded, "linear", "plain"))
     path = cost_path(key, model_name, dtype)
     cached = None if remeasure else _read_curve(path)
     if cached is not None:

@@ -2,6 +2,9 @@
 
     python -m specbench.costs                        # SmolLM2, its config's dtype, measured or cached
     python -m specbench.costs model.dtype=bfloat16 --remeasure
+    python -m specbench.costs hardware.linear=plain  # PyTorch's own linear layers (default on a CPU: packed)
+
+On a CPU it also prints the floor: the weights' bytes over the measured memory read bandwidth.
 """
 
 from __future__ import annotations
@@ -33,5 +36,13 @@ def main(argv: list[str] | None = None) -> None:
         dtype = str(cfg.model.get("dtype", "float32"))
         attn = str(cfg.hardware.get("attn_implementation", "sdpa"))
         model = load_or_measure(loaded, str(cfg.model.name), dtype, attn, remeasure=args.remeasure, progress=True)
-    print(f"{cfg.model.name} ({dtype}, {attn}) on {model.device_name}")
+    linear = f", {loaded.linear} linear layers" if loaded.device.type == "cpu" else ""
+    print(f"{cfg.model.name} ({dtype}, {attn}{linear}) on {model.device_name}")
     print(model.table())
+    if loaded.device.type == "cpu":
+        from specbench.budget.floor import floor
+
+        bound = floor(loaded.model)
+        t1 = model.seconds[0][0]
+        print(f"{bound.describe()}; t(1) at context {model.contexts[0]} is {1000 * t1:.1f} ms, "
+              f"{t1 / bound.seconds:.2f} × the floor")

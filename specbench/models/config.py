@@ -21,6 +21,7 @@ QUANTIZATIONS = ("int8",)  # bitsandbytes LLM.int8 weights (paper Table 6: Llama
 DEVICES = ("cpu", "cuda", "auto")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
 GQA_MODES = ("fold", "repeat")  # grouped-query tree steps under sdpa (specbench.core.attention)
+LINEAR_MODES = ("auto", "packed", "plain")  # CPU linear layers (specbench.models.packed)
 
 
 def _plain(cfg) -> dict:
@@ -78,7 +79,7 @@ def _quantization_check(cfg: dict, hw: dict | None) -> None:
 def _hardware(hardware_cfg) -> dict:
     """Normalise a hardware config: resolve the device, check the attention implementation."""
     hw = {"device": "auto", "attn_implementation": "sdpa", "device_map": None, "num_threads": None, "num_gpus": None,
-          "gqa": "fold"}
+          "gqa": "fold", "linear": "auto"}
     hw.update({k: v for k, v in _plain(hardware_cfg).items() if k in hw and v is not None})
     if hw["device"] not in DEVICES:
         raise ModelLoadError(f"hardware.device '{hw['device']}' is not one of {', '.join(DEVICES)}")
@@ -97,6 +98,8 @@ def _hardware(hardware_cfg) -> dict:
                                  "request more GPUs (e.g. hydra.launcher.gpus_per_node) or lower hardware.num_gpus")
     if hw["gqa"] not in GQA_MODES:
         raise ModelLoadError(f"hardware.gqa '{hw['gqa']}' is not one of {', '.join(GQA_MODES)}")
+    if hw["linear"] not in LINEAR_MODES:
+        raise ModelLoadError(f"hardware.linear '{hw['linear']}' is not one of {', '.join(LINEAR_MODES)}")
     attn = hw["attn_implementation"]
     if attn not in ATTN_IMPLEMENTATIONS:
         raise ModelLoadError(f"hardware.attn_implementation '{attn}' is not one of {', '.join(ATTN_IMPLEMENTATIONS)}")

@@ -12,6 +12,7 @@ import transformers
 from specbench.core.attention import fold_gqa
 from specbench.errors import ModelLoadError
 from specbench.models.config import DTYPES, _hardware, _memory_check, _plain, model_config_check
+from specbench.models.packed import pack_linears, wants_packed
 from specbench.models.placement import check_placed, draft_hardware, placement_kwargs
 from specbench.models.tiny import _build_tiny, build_tiny_tokenizer
 from specbench.models.weights import _weights_source
@@ -32,6 +33,7 @@ class LoadedModel:
     source: str = ""  # where the weights came from: "tiny", "path", "converted", "gguf", "hub"
     quantization: str = ""  # "int8", or "" for weights in ``dtype``
     device_map: str = ""  # "auto" when sharded by accelerate, "" when the model sits on one device
+    linear: str = "plain"  # "packed": linear layers prepacked for oneDNN (specbench.models.packed)
 
 
 def _placement(cfg: dict, hw: dict) -> dict:
@@ -98,6 +100,10 @@ def load_model(model_cfg, hardware_cfg=None) -> LoadedModel:
     check_placed(model, name, hw)
     if hw["gqa"] == "fold" and attn == "sdpa":
         fold_gqa(model)  # a no-op without grouped-query attention
+    linear = "plain"
+    if not cfg.get("quantization") and wants_packed(hw["linear"], hw["device"], DTYPES[dtype_name]):
+        pack_linears(model)
+        linear = "packed"
 
     eos = model.generation_config.eos_token_id if model.generation_config is not None else None
     eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
@@ -106,13 +112,14 @@ def load_model(model_cfg, hardware_cfg=None) -> LoadedModel:
     limit = getattr(model.config, "max_position_embeddings", None)
     if not limit:
         limit = tokenizer.model_max_length if tokenizer.model_max_length < 1e7 else 2048
-    log.info("loaded %s (%s, %s) from %s", name, dtype_name, attn, source)
+    log.info("loaded %s (%s, %s%s) from %s", name, dtype_name, attn, ", packed linears" * (linear == "packed"), source)
     return LoadedModel(
         model=model, tokenizer=tokenizer, name=name, dtype=dtype_name,
         device=model.get_input_embeddings().weight.device, context_length=int(limit),
         eos_token_ids=sorted(eos), vocab_size=model.get_output_embeddings().weight.shape[0], source=source,
         quantization=str(cfg.get("quantization") or ""),
-        device_map="auto" if len({str(v) for v in (getattr(model, "hf_device_map", None) or {}).values()}) > 1 else "")
+        device_map="auto" if len({str(v) for v in (getattr(model, "hf_device_map", None) or {}).values()}) > 1 else "",
+        linear=linear)
 
 
 def load_draft(name: str, dtype: str, hardware_cfg=None) -> LoadedModel:

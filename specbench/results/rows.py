@@ -51,7 +51,7 @@ REQUIRED_CONTEXT = (
 DEDUP_KEYS = ("experiment", "config_hash", "sample_id", "turn", "method", "repeat")
 PROVENANCE_FIELDS = (
     "git_commit", "specbench_version", "python_version", "torch_version", "transformers_version",
-    "device_name", "gpu_count", "device_map", "quantization", "cuda_version", "driver_version",
+    "device_name", "gpu_count", "device_map", "quantization", "cuda_version", "driver_version", "linear",
     "slurm_job_id", "slurm_node", "slurm_restarts",
 )
 

@@ -113,7 +113,7 @@ class Measurement:
             for name in job.methods
         }
         seen = environment_info(loaded.device, devices=self.target.devices, quantization=loaded.quantization,
-                                device_map=loaded.device_map)
+                                device_map=loaded.device_map, linear=loaded.linear)
         _warn_device_mismatch(job.hardware, seen["device_name"])
         self.cost = None
         if job.auto:
