@@ -149,37 +149,44 @@ def _file_texts(path: Path, field_name: str | None, limit: int | None) -> Iterat
 # ----------------------------------------------------------------------------- hub
 
 
-def check_hub(hub_id: str, gated: bool) -> None:
-    """One line, before any download: the hub must be reachable (or the set cached) and, for a
-    gated set, a token present."""
+def _hub_missing(hub_id: str, gated: bool) -> str | None:
+    """"unreachable" (no hub), "token" (a gated set and no token) or None (it can be streamed)."""
     from specbench import hub
-    from specbench.data.readers import hub_cached
 
-    if hub_cached(hub_id):
-        return
     if not hub.reachable():
-        raise ConfigError(f"datastore source hub:{hub_id} needs the Hugging Face hub, which is unreachable: "
-                          "build offline with SOURCE=stdlib, SOURCE=dir:DIR or SOURCE=file:FILE instead")
+        return "unreachable"
     if gated:
         from huggingface_hub import get_token
 
         if not get_token():
-            raise ConfigError(f"{hub_id} is gated: accept its terms at https://huggingface.co/datasets/{hub_id}, "
-                              "then authenticate with `hf auth login` (or set HF_TOKEN) and rerun")
+            return "token"
+    return None
+
+
+def check_hub(hub_id: str, gated: bool) -> None:
+    """One line, before any download: the hub must be reachable (or the set cached) and, for a
+    gated set, a token present."""
+    from specbench.data.readers import hub_cached
+
+    if hub_cached(hub_id):
+        return
+    missing = _hub_missing(hub_id, gated)
+    if missing == "unreachable":
+        raise ConfigError(f"datastore source hub:{hub_id} needs the Hugging Face hub, which is unreachable: "
+                          "build offline with SOURCE=stdlib, SOURCE=dir:DIR or SOURCE=file:FILE instead")
+    if missing == "token":
+        raise ConfigError(f"{hub_id} is gated: accept its terms at https://huggingface.co/datasets/{hub_id}, "
+                          "then authenticate with `hf auth login` (or set HF_TOKEN) and rerun")
 
 
 def hub_problem(name: str) -> str | None:
     """Why the hub preset ``name`` cannot be streamed here (None when it can): no hub, or gated without a token."""
-    from specbench import hub
-
     preset = HUB_PRESETS[name]
-    if not hub.reachable():
+    missing = _hub_missing(preset.hub_id, preset.gated)
+    if missing == "unreachable":
         return "the Hugging Face hub is unreachable"
-    if preset.gated:
-        from huggingface_hub import get_token
-
-        if not get_token():
-            return f"{preset.hub_id} is gated and no hub token is set"
+    if missing == "token":
+        return f"{preset.hub_id} is gated and no hub token is set"
     return None
 
 
