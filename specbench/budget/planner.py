@@ -64,6 +64,14 @@ the acceptance rule, so outputs are unchanged: a smaller draft is still a draft.
   doubles after each such step until a step sends them by choice again (a
   fixed schedule: no randomness enters decoding; over a long run the
   exploration costs less and less).
+* **Bounded regret.** What the aux nodes cost beyond what they bring is
+  counted: each step that sent them adds its time less the time the step
+  without them would have taken for the tokens it brought (at that step's
+  rate without them, so a step where they paid counts negative). They are
+  not sent (warm-up, trial, exploration or by choice) while that sum would exceed
+  ``REGRET_SHARE`` (2%) of the run's modelled time plus ``REGRET_FLOOR``
+  plain steps: a pool that never pays costs a run at most that, and one
+  that pays earns room to be explored again.
 """
 
 from __future__ import annotations
@@ -80,6 +88,8 @@ BUDGETS = ("fixed", "auto")
 MAX_RANK = 4  # sibling ranks counted apart: 0, 1, 2, 3, and 4 or more
 DRY = "/dry"  # suffix of a source fed by aux nodes, counted apart in the steps that went without them
 MIN_WARM = 4  # aux steps before the warm-up may end early
+REGRET_SHARE = 0.02  # aux steps that do not pay may lose at most this share of the run's (modelled) time …
+REGRET_FLOOR = 1.0  # … plus this many plain steps' worth
 
 
 def positions(draft: Draft) -> list[tuple[int, int]]:
@@ -242,6 +252,9 @@ class AutoBudget:
         self._pending: list[tuple[Draft, int, tuple[str, ...]]] = []
         self.warm = warm  # plain steps' worth of time spent on aux nodes before their worth is judged
         self._warm_spent = 0.0
+        self.regret = 0.0  # plain steps' worth of time the aux steps lost against the steps without them
+        self.elapsed = 0.0  # the run's modelled time so far, in plain steps
+        self._rate_without = 0.0  # this step's rate without aux nodes (0: it has none)
         self._trial(0)
         self._context = 0
 
@@ -266,20 +279,22 @@ class AutoBudget:
             dry = node_scores(draft, self.stats, dry=self.aux_feeds)
             dry_keep, rate_without = best_prefix(dry, self.cost, 1, context)
             measured = self._aux_tokens / self._aux_seconds if self.aux_steps else rate
-            if rate_without > measured and self._judged(measured / rate_without):
-                narrower = self._narrower(draft, scores, width, rate_without, context)
+            room = self._room(draft, width, len(keep), len(dry_keep), context)
+            if not room or (rate_without > measured and self._judged(measured / rate_without)):
+                narrower = self._narrower(draft, scores, width, rate_without, context, len(dry_keep))
                 if narrower:  # a narrower pool should pay: on trial from now on
                     self.width = width = narrower
                     keep, _ = best_prefix(scores, self.cost, 1 + aux_count(draft, width), context)
                     self._trial(MIN_WARM)
                 else:
                     self.skipped_aux += 1
-                    if self.explore_every and self.skipped_aux >= self.next_explore:
+                    if self.explore_every and self.skipped_aux >= self.next_explore and room:
                         self.skipped_aux, self.next_explore = 0, 2 * self.next_explore  # explore: send them
                     else:
                         width, keep = 0, dry_keep  # what was learned still drafts
             else:
                 self.next_explore = self.explore_every
+        self._rate_without = rate_without if full and width else 0.0
         if len(draft):
             self._pending.append((draft, len(tokens), () if width or not full else self.aux_feeds))
         self.kept.append(len(keep))
@@ -289,19 +304,31 @@ class AutoBudget:
             return draft
         return subdraft(draft, keep, width)
 
-    def _narrower(self, draft: Draft, scores: list[float], width: int, rate_without: float, context: int) -> int:
-        """The widest pool narrower than ``width`` that should still pay: what ``width`` brought above
-        one token a step, scaled by √(w / width) (a narrower pool feeds its sources less, but its
-        columns overlap less), in the time its block takes with the guesses that pay beside it,
-        against ``rate_without``. 0: none."""
+    def _room(self, draft: Draft, width: int, kept: int, dry_kept: int, context: int) -> bool:
+        """Whether the regret has room for a step with ``width`` columns and ``kept`` guesses, at most
+        its extra time over the step without them (``dry_kept`` guesses), in plain steps."""
+        extra = self.cost(1 + aux_count(draft, width) + kept, context) - self.cost(1 + dry_kept, context)
+        return self.regret + max(extra / self.cost(1, context), 0.0) <= self.allowance()
+
+    def _narrower(self, draft: Draft, scores: list[float], width: int, rate_without: float, context: int,
+                  dry_kept: int) -> int:
+        """The widest pool narrower than ``width`` that should still pay and that the regret has room
+        for: what ``width`` brought above one token a step, scaled by √(w / width) (a narrower pool
+        feeds its sources less, but its columns overlap less), in the time its block takes with the
+        guesses that pay beside it, against ``rate_without``. 0: none."""
         gained = self._aux_tokens - 1.0
         for w in widths(draft.aux_width):
             if w < width:
                 w_keep, _ = best_prefix(scores, self.cost, 1 + aux_count(draft, w), context)
                 seconds = self.cost(1 + aux_count(draft, w) + len(w_keep), context)
-                if (1.0 + gained * (w / width) ** 0.5) / seconds > rate_without:
+                if ((1.0 + gained * (w / width) ** 0.5) / seconds > rate_without
+                        and self._room(draft, w, len(w_keep), dry_kept, context)):
                     return w
         return 0
+
+    def allowance(self) -> float:
+        """The regret the aux nodes may have spent so far, in plain steps' worth of time."""
+        return REGRET_FLOOR + REGRET_SHARE * self.elapsed
 
     def _judged(self, ratio: float) -> bool:
         """Whether the aux nodes' measured worth, ``ratio`` of the rate without them, is known well
@@ -312,13 +339,18 @@ class AutoBudget:
         return (self._warm_spent >= self.warm and k >= self._min_steps) or (k >= MIN_WARM and ratio < 1 - k**-0.5)
 
     def record(self, draft: Draft, accepted_nodes: list[int]) -> None:
-        """The step verified ``draft`` (as planned) and accepted ``accepted_nodes``: the aux nodes' worth."""
+        """The step verified ``draft`` (as planned) and accepted ``accepted_nodes``: the run's time and
+        the aux nodes' worth and regret."""
+        seconds = self.cost(1 + len(draft) + draft.n_aux, self._context)
+        plain = self.cost(1, self._context)
+        self.elapsed += seconds / plain
         if not draft.n_aux:
             return
+        if self._rate_without > 0:  # the time the step without them would have taken for these tokens
+            self.regret += (seconds - (1 + len(accepted_nodes)) / self._rate_without) / plain
         self.aux_steps += 1
         w = max(1.0 / 32, 1.0 / self.aux_steps)  # a plain mean at first, then a running one
-        seconds = self.cost(1 + len(draft) + draft.n_aux, self._context)
-        self._warm_spent += (seconds - self.cost(1 + len(draft), self._context)) / self.cost(1, self._context)
+        self._warm_spent += (seconds - self.cost(1 + len(draft), self._context)) / plain
         self._aux_tokens += w * (1 + len(accepted_nodes) - self._aux_tokens)
         self._aux_seconds += w * (seconds - self._aux_seconds)
 
