@@ -15,7 +15,7 @@ STAMP       := $(VENV)/.specbench-installed
 PYTEST      := $(PY) -m pytest -p no:cacheprovider
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo smoke smoke-experiments test test-slow slurm-test test-all gpu-check lint bench bench-stores bench-retrieval clean train-acceptance-head \
+.PHONY: help setup demo smoke smoke-experiments test test-slow slurm-test test-all gpu-check lint bench bench-stores bench-retrieval clean train-acceptance-head train-eagle-head \
         datastore datastore-refine memory_scopes spec_bench table1 table2 table3 table4 table5 table6 table7 figures report reproduce-cpu
 
 # Paper reproduction. Sweeps write <RESULTS>/<experiment>/; reports go to <REPORTS>/ (Markdown, LaTeX,
@@ -112,6 +112,10 @@ bench: setup bench-stores ## side-by-side speed benchmarks (bench/README.md; com
 
 MODEL ?= smollm2-135m
 HEAD_TEMPS ?= 1 0
+KIND ?= eagle
+train-eagle-head: setup ## train an EAGLE head (KIND=eagle|eagle3) for MODEL (default smollm2-135m) on offline text; re-running resumes
+	$(PY) -m specbench.eagle_head model=$(MODEL) --kind $(KIND) $(ARGS)
+
 train-acceptance-head: setup ## train SpecDec++'s acceptance heads for MODEL (default smollm2-135m) and its self-draft: sampled (T=1) and greedy labels
 	for t in $(HEAD_TEMPS); do \
 	  $(PY) -m specbench.acceptance_head model=$(MODEL) method=specdec_pp --temperature $$t $(ARGS) || exit 1; done

@@ -62,6 +62,7 @@ from specbench.budget.costs import CostModel, load_or_measure
 from specbench.budget.planner import AutoBudget
 from specbench.core.acceptance import SamplingParams
 from specbench.core.decode import generate
+from specbench.core.draft import DrafterContext
 from specbench.core.forward import Target
 from specbench.errors import ConfigError
 from specbench.models import load_model
@@ -183,8 +184,10 @@ def bench(loaded, prompts, presets: list[str], max_new: int, run_cfg=None, store
     budgets = {}  # <preset>:auto: trimmed under the measured cost curve, statistics kept across prompts
     for name in presets:
         method, cfg, budget = preset(name, run_cfg, store)
+        context = DrafterContext(sampling=sampling, device=loaded.device, target_model=loaded.model,
+                                 target_name=loaded.name)  # drafters that read the target (EAGLE, Medusa)
         drafters[name] = get_method(method)(
-            cfg, vocab_size=loaded.vocab_size, seed=0, tokenizer=loaded.tokenizer
+            cfg, vocab_size=loaded.vocab_size, seed=0, tokenizer=loaded.tokenizer, context=context
         )
         if budget == "auto":
             budgets[name] = AutoBudget(cost, aux_feeds=get_method(method).AUX_FEEDS)

@@ -12,7 +12,9 @@ and if it is at least ``len_threshold`` tokens long, proposes the
 Otherwise it proposes Token Recycling's tree (``auxiliary: recycling``, the
 paper's SAM-Decoding[T]): the shared candidate matrix and template of
 ``specbench.recycling``, updated from every forward's logits whichever draft
-was verified.
+was verified; or EAGLE-2's dynamic tree (``auxiliary: eagle``, SAM-Decoding[E2],
+the paper's best), whose head reads every step's features whichever draft was
+verified, so its cache stays whole.
 
 Reading choices:
 
@@ -47,10 +49,11 @@ from specbench.core.draft import (
     check_memory,
 )
 from specbench.drafting.automaton import SuffixAutomaton
+from specbench.drafting.eagle_drafter import EagleSettings, HeadDrafter, head_dir
 from specbench.drafting.recycling import Recycler, check_tree
 from specbench.stores.naming import open_store, prepare_store
 
-AUXILIARIES = ("recycling", "none")
+AUXILIARIES = ("recycling", "eagle", "none")
 
 
 @dataclass
@@ -61,7 +64,11 @@ class SAMDecodingConfig:
     datastore: str | None = None  # a retrieval store (name or path) for the static automaton; null: none
     static_max_tokens: int = 2_000_000  # corpus tokens the static automaton holds (read from the start)
     allow_overlap: bool = False  # run even if the store was generated from this run's prompts
-    auxiliary: str = "recycling"  # below the threshold: recycling (Token Recycling's tree) | none
+    auxiliary: str = "recycling"  # below the threshold: recycling (Token Recycling's tree) | eagle (EAGLE-2) | none
+    head: str = "auto"  # auxiliary eagle: the EAGLE head (auto: the one trained here; a directory; a hub repo)
+    eagle_depth: int = 6  # auxiliary eagle: EAGLE-2's tree (levels, top-k, tokens with the root)
+    eagle_top_k: int = 10
+    eagle_total_tokens: int = 60
     topk: int = 8  # Token Recycling's candidates per token
     tree: str = "paper"  # Token Recycling's template: paper | cpu
     memory: str = "run"  # how long the candidate matrix lives: turn | sample | run
@@ -101,6 +108,8 @@ class SAMDecoding(ScopedMemory, Drafter):
     def preflight(cls, config: SAMDecodingConfig, run_cfg: Any) -> None:
         if config.datastore:
             prepare_store(cls.name, config, run_cfg)
+        if config.auxiliary == "eagle":
+            head_dir(config.head, run_cfg.model.name, "eagle", fetch=False)
 
     def __init__(self, config: SAMDecodingConfig | None = None, **kwargs) -> None:
         super().__init__(config, **kwargs)
@@ -112,6 +121,14 @@ class SAMDecoding(ScopedMemory, Drafter):
             self.static = corpus_automaton(store.documents(), self.config.static_max_tokens)
         self.recycler = Recycler(self.vocab_size, self.config.topk, self.config.tree)
         self.dynamic = SuffixAutomaton()
+        self.eagle: HeadDrafter | None = None
+        if self.config.auxiliary == "eagle":
+            c = self.config
+            settings = EagleSettings(head=c.head, depth=c.eagle_depth, top_k=c.eagle_top_k,
+                                     total_tokens=c.eagle_total_tokens)
+            self.eagle = HeadDrafter(settings, vocab_size=self.vocab_size, tokenizer=self.tokenizer,
+                                     context=self.context)
+            self.feature_layers = self.eagle.feature_layers
 
     matrix = property(lambda self: self.recycler.matrix)  # for inspection
 
@@ -125,6 +142,12 @@ class SAMDecoding(ScopedMemory, Drafter):
         self.dynamic = SuffixAutomaton()
         if self.static is not None:
             self.static.reset_match()
+        if self.eagle is not None:
+            self.eagle.start(prompt_ids)
+
+    def prefilled(self, features) -> None:
+        if self.eagle is not None:
+            self.eagle.prefilled(features)
 
     def _sync(self, tokens: list[int]) -> float:
         """Feed the tokens committed since the last call to both automata; returns the static part's seconds."""
@@ -155,14 +178,21 @@ class SAMDecoding(ScopedMemory, Drafter):
             if guess:
                 draft = Draft.chain(guess, source)
                 draft.lookup_s = lookup
+                if self.eagle is not None:
+                    self.eagle.catch_up(state.tokens)
                 return draft
         if cfg.auxiliary == "none":
             return None
-        draft = self.recycler.propose(state.tokens[-1], depth)
+        if self.eagle is not None:
+            draft = self.eagle.propose(state)
+        else:
+            draft = self.recycler.propose(state.tokens[-1], depth)
         if draft is not None:
             draft.lookup_s = lookup
         return draft
 
     def update(self, result: VerifyResult) -> None:
-        if self.config.auxiliary != "none":
+        if self.eagle is not None:
+            self.eagle.update(result)
+        elif self.config.auxiliary != "none":
             self.recycler.update(result)

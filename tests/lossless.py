@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -32,6 +33,7 @@ from specbench.core.draft import DecodeState, Drafter
 from specbench.core.forward import Target
 
 SMALL_VOCAB = 8
+HIDDEN = 16  # width of the Markov target's hidden states
 ALPHA = 1e-3
 
 
@@ -107,6 +109,9 @@ class BigramTarget(Target):
     def __init__(self, seed: int = 0, sharpness: float = 2.0) -> None:
         g = torch.Generator().manual_seed(seed)
         self.table = torch.randn(SMALL_VOCAB, SMALL_VOCAB, generator=g) * sharpness
+        # "hidden states" for drafters that read them: a fixed vector per token (they carry the current token)
+        self.hidden = torch.randn(SMALL_VOCAB, HIDDEN, generator=g)
+        self.features = {}
         self.device, self.dtype, self.is_cuda = torch.device("cpu"), torch.float32, False
         self.model = self
 
@@ -119,13 +124,15 @@ class BigramTarget(Target):
     def new_cache(self):
         return _Length()
 
-    def prefill(self, prompt_ids, cache):
+    def prefill(self, prompt_ids, cache, features=()):
         cache.n = len(prompt_ids)
+        self.features = {layer: self.hidden[list(prompt_ids)] for layer in features}
         return self.table[prompt_ids[-1]]
 
-    def forward_draft(self, root, draft, cache):
+    def forward_draft(self, root, draft, cache, features=()):
         tokens = [root] + list(draft.tokens) + list(draft.aux_tokens)
         cache.n += len(tokens)
+        self.features = {layer: self.hidden[tokens] for layer in features}
         if draft.aux_logit_rows is not None:  # as the real target: logits only where they are read
             tokens = tokens[: 1 + len(draft.tokens)] + [draft.aux_tokens[j] for j in draft.aux_logit_rows]
         return self.table[tokens]
@@ -133,6 +140,24 @@ class BigramTarget(Target):
     @staticmethod
     def compact(cache, past_len, accepted_nodes):
         cache.n = past_len + 1 + len(accepted_nodes)
+
+
+class BigramModel(torch.nn.Module):
+    """What a head drafter reads of a target besides its features: embeddings, an LM head and a config
+    shaped like the :class:`BigramTarget`'s hidden states (random: only verification decides the output)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(SMALL_VOCAB, HIDDEN)
+        self.head = torch.nn.Linear(HIDDEN, SMALL_VOCAB, bias=False)
+        self.config = SimpleNamespace(hidden_size=HIDDEN, vocab_size=SMALL_VOCAB, num_hidden_layers=6,
+                                      intermediate_size=32, num_attention_heads=4, num_key_value_heads=2)
+
+    def get_input_embeddings(self):
+        return self.emb
+
+    def get_output_embeddings(self):
+        return self.head
 
 
 @torch.no_grad()

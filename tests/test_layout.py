@@ -36,6 +36,7 @@ LAYERS = {
     "specbench.datastore": 9,
     "specbench.report": 9,
     "specbench.acceptance_head": 9,
+    "specbench.eagle_head": 9,
     "specbench.gpu_check": 9,
 }
 

@@ -8,7 +8,7 @@ import torch
 
 from specbench.core.acceptance import SamplingParams, accept
 from specbench.core.draft import DecodeState, Draft, Drafter, Planner, VerifyResult
-from specbench.core.forward import Target
+from specbench.core.forward import Target, upload
 from specbench.core.record import GenerationRecord
 
 _EMPTY = Draft()
@@ -33,6 +33,22 @@ def _record_step(record: GenerationRecord, kept: int, seconds: float, drafted: i
     record.step_depth.append(depth)
     record.step_draft_s.append(draft_s)
     record.step_lookup_s.append(lookup_s)
+
+
+def _accepted_rows(features: dict[int, torch.Tensor], path: list[int]) -> dict[int, torch.Tensor]:
+    """The block's hidden states of the root and the accepted guesses (rows 0 and 1 + i), where they live."""
+    if not path:
+        return {layer: h[:1] for layer, h in features.items()}
+    rows = [0] + [1 + i for i in path]
+    if rows == list(range(len(rows))):
+        return {layer: h[: len(rows)] for layer, h in features.items()}
+    index: dict[torch.device, torch.Tensor] = {}
+    out = {}
+    for layer, h in features.items():
+        if h.device not in index:
+            index[h.device] = upload(rows, h.device)
+        out[layer] = h.index_select(0, index[h.device])
+    return out
 
 
 def _commit(record: GenerationRecord, tokens: list[int], eos: set[int], max_new: int) -> int:
@@ -77,7 +93,10 @@ def generate(
 
     t0 = perf_counter()
     drafter.new_turn(list(prompt_ids))
-    logits = target.prefill(list(prompt_ids), cache)
+    layers = tuple(drafter.feature_layers)
+    logits = target.prefill(list(prompt_ids), cache, features=layers)
+    if layers:
+        drafter.prefilled(target.features)
     _, tokens = accept(_EMPTY, logits[None], sampling, generator)
     kept = _commit(record, tokens, eos, max_new_tokens)
     target.sync()
@@ -101,10 +120,11 @@ def generate(
         target.sync()  # a draft model's kernels count as draft time, not forward time
         proposed = perf_counter()
         past_len = cache.get_seq_length()
-        logits = target.forward_draft(seq[-1], draft, cache)
+        logits = target.forward_draft(seq[-1], draft, cache, features=layers)
         n = len(draft.tokens)
         rows = logits[: 1 + n]
         path, tokens = accept(draft, rows, sampling, generator)
+        features = _accepted_rows(target.features, path) if layers else {}
         if planner is not None:
             planner.record(draft, path)
         target.compact(cache, past_len, path)
@@ -112,7 +132,8 @@ def generate(
         verified = perf_counter()
         aux_logits = logits[1 + n :] if draft.n_aux else None
         drafter.update(
-            VerifyResult(path, tokens, draft, aux_logits=aux_logits, root_logits=logits[0], logits=rows)
+            VerifyResult(path, tokens, draft, aux_logits=aux_logits, root_logits=logits[0], logits=rows,
+                         features=features)
         )
         target.sync()
         updated = perf_counter()

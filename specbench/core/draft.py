@@ -42,11 +42,12 @@ SOURCE_RETRIEVAL = "retrieval"  # an external datastore (REST, SPECTRA-RETRIEVAL
 SOURCE_MODEL = "draft_model"  # a draft language model
 SOURCE_RECYCLE = "recycle"  # candidates the target proposed earlier (Token Recycling's matrix)
 SOURCE_HISTORY = "history"  # earlier outputs of the same run (SuffixDecoding's global tree)
+SOURCE_HEAD = "head"  # a trained head over the target's hidden states (EAGLE, Medusa)
 # Every source's label in reports and figures: a new source is added here, or its figure label is its id.
 SOURCE_LABELS = {
-    SOURCE_PROMPT: "prompt lookup", SOURCE_NGRAM: "n-gram table", SOURCE_POOL: "n-gram pool",
-    SOURCE_FWD: "forward dict", SOURCE_BWD: "backward dict", SOURCE_RETRIEVAL: "retrieval",
-    SOURCE_MODEL: "draft model", SOURCE_RECYCLE: "recycled candidates", SOURCE_HISTORY: "earlier outputs",
+    SOURCE_PROMPT: "prompt lookup", SOURCE_NGRAM: "n-gram table", SOURCE_POOL: "n-gram pool", SOURCE_FWD: "forward dict",
+    SOURCE_BWD: "backward dict", SOURCE_RETRIEVAL: "retrieval", SOURCE_MODEL: "draft model",
+    SOURCE_RECYCLE: "recycled candidates", SOURCE_HISTORY: "earlier outputs", SOURCE_HEAD: "trained head",
 }
 
 # How long what a drafter learns is kept (a method's ``memory`` setting): one generation (a turn),
@@ -239,6 +240,9 @@ class VerifyResult:
     # follows guess i), a view of the forward's output, not a copy. Drafters that learn from the
     # target's predictions at every guess (Token Recycling) read it.
     logits: torch.Tensor | None = None
+    # The target's hidden states of the root and the accepted guesses, in that order ({layer: [1 + n_accepted,
+    # hidden]}), for the layers the drafter's ``feature_layers`` names; {} for a drafter that names none.
+    features: dict[int, torch.Tensor] = field(default_factory=dict)
 
     @property
     def n_accepted(self) -> int:
@@ -329,6 +333,9 @@ class Drafter:
     # its auxiliary nodes feed (their worth is judged by those sources' acceptance).
     budget_auto: ClassVar[bool] = True
     AUX_FEEDS: ClassVar[tuple[str, ...]] = ()
+    # The target's hidden states this drafter reads (``output_hidden_states`` indices: -1 the final norm's), from
+    # the verification forward itself, accepted rows only (VerifyResult.features, the prompt's in prefilled).
+    feature_layers: tuple[int, ...] = ()
 
     def __init__(
         self,
@@ -381,6 +388,10 @@ class Drafter:
     def reset(self) -> None:
         """Forget everything learned so far. The runner calls it after the warm-up generations,
         so that a run-long memory starts empty at the first recorded sample."""
+
+    def prefilled(self, features: dict[int, torch.Tensor]) -> None:
+        """The prompt's hidden states ({layer: [prompt_len, hidden]}) for the layers :attr:`feature_layers`
+        names, after the prefill and before the first :meth:`propose`. Called only when it names some."""
 
     def propose(self, state: DecodeState) -> Draft | None:
         return None

@@ -11,6 +11,11 @@ Models with sliding-window layers (Gemma 3) get a dict of masks, one per layer
 type, over a cache that keeps every position: the window is applied in the
 mask, so compaction never has to reason about evicted entries.
 
+A drafter that reads the target's hidden states (EAGLE, Medusa) names the
+layers it wants; the same forward then keeps them (``output_hidden_states``:
+references to tensors the model computes anyway, no extra pass), and the
+decode loop hands the drafter the rows of the accepted path alone.
+
 After acceptance the cache keeps prefix + root + accepted path: those entries
 are gathered to the front of the block, then the cache is cropped. Auxiliary
 and rejected entries never survive a step. Drafters never see the cache.
@@ -82,6 +87,7 @@ class Target:
         self.devices = model_devices(model)
         self.dtype = next(model.parameters()).dtype
         self.is_cuda = any(d.type == "cuda" for d in self.devices)
+        self.features: dict[int, torch.Tensor] = {}  # the last forward's hidden states, for the layers asked for
 
     def new_cache(self) -> DynamicCache:
         # No config on purpose: every layer keeps every position (see module docstring).
@@ -108,7 +114,7 @@ class Target:
         return sum(torch.cuda.max_memory_allocated(d) for d in gpus) / 1e9
 
     def _forward(
-        self, ids: torch.Tensor, positions: torch.Tensor, mask, cache, keep_last: int = 0
+        self, ids: torch.Tensor, positions: torch.Tensor, mask, cache, keep_last=0, features: tuple[int, ...] = ()
     ) -> torch.Tensor:
         out = self.model(
             input_ids=ids,
@@ -117,14 +123,18 @@ class Target:
             past_key_values=cache,
             use_cache=True,
             logits_to_keep=keep_last,
+            output_hidden_states=bool(features),
         )
+        # hidden_states[0] is the embeddings' output, [i] layer i's input, [-1] the final norm's output
+        self.features = {layer: out.hidden_states[layer][0] for layer in features} if features else {}
         return out.logits[0]
 
-    def prefill(self, prompt_ids: list[int], cache: DynamicCache) -> torch.Tensor:
-        """Run the prompt; return the logits that follow its last token."""
+    def prefill(self, prompt_ids: list[int], cache: DynamicCache, features: tuple[int, ...] = ()) -> torch.Tensor:
+        """Run the prompt; return the logits that follow its last token (and, in :attr:`features`, the hidden
+        states of every prompt position for the layers ``features`` names)."""
         ids = upload([prompt_ids], self.device)
         positions = torch.arange(len(prompt_ids), device=self.device)[None]
-        return self._forward(ids, positions, None, cache, keep_last=1)[-1]
+        return self._forward(ids, positions, None, cache, keep_last=1, features=features)[-1]
 
     def _mask(self, vis: np.ndarray, offsets: np.ndarray, past_len: int, positions: torch.Tensor | None = None):
         """The float mask ``[1, 1, q, past_len + q]``, built on the device: only the block's visibility
@@ -147,16 +157,18 @@ class Target:
         sliding = whole.masked_fill((q_pos[:, None] - k_pos[None, :] >= self.sliding_window)[None, None], neg)
         return {"full_attention": whole, "sliding_attention": sliding}
 
-    def forward_draft(self, root: int, draft: Draft, cache: DynamicCache) -> torch.Tensor:
+    def forward_draft(self, root: int, draft: Draft, cache: DynamicCache, features: tuple[int, ...] = ()) -> torch.Tensor:
         """Logits after the root, every guess and every auxiliary node (or those of
-        ``draft.aux_logit_rows``): ``[1 + n + n_aux, vocab]``."""
+        ``draft.aux_logit_rows``): ``[1 + n + n_aux, vocab]``. With ``features`` (hidden-state indices, as
+        ``output_hidden_states`` numbers them), :attr:`features` holds those layers' states of every row of
+        the block, ``{layer: [q, hidden]}``, on the device where they live: from the same forward."""
         past_len = cache.get_seq_length()
         tokens = [root] + list(draft.tokens) + list(draft.aux_tokens)
         ids = upload([tokens], self.device)
         if not draft.aux_tokens and draft.is_chain():
             # A chain is plain causal attention: let the model build its own mask (fast path).
             positions = torch.arange(past_len, past_len + len(tokens), device=self.device)[None]
-            return self._forward(ids, positions, None, cache)
+            return self._forward(ids, positions, None, cache, features=features)
         vis, offsets = block_layout(draft)
         positions = upload(offsets + past_len, self.device)[None]
         keep = 0
@@ -165,7 +177,7 @@ class Target:
             rows = list(range(first_aux)) + [first_aux + j for j in draft.aux_logit_rows]
             keep = upload(rows, self.head_device)  # it indexes the final hidden states, on the head's device
         mask = self._mask(vis, offsets, past_len, positions)
-        return self._forward(ids, positions, mask, cache, keep_last=keep)
+        return self._forward(ids, positions, mask, cache, keep_last=keep, features=features)
 
     @staticmethod
     def compact(cache: DynamicCache, past_len: int, accepted_nodes: list[int]) -> None:

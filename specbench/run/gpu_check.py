@@ -143,10 +143,13 @@ def check_compaction(target: Target, dtype: str, model_name: str, prefix: list[i
 # ----------------------------------------------------------------------------- every method
 
 
-def method_settings(name: str, store: Path | None, head_dir: Path, hidden: int, layers: int) -> dict[str, Any]:
+def method_settings(name: str, store: Path | None, head_dir: Path, hidden: int, layers: int,
+                    model_config: Any = None) -> dict[str, Any]:
     """What a method needs beyond its defaults to run here: the check's store, a self-draft of the
-    target's first layers, an acceptance head (random: it only decides where a draft stops)."""
+    target's first layers, an acceptance head (random: it only decides where a draft stops), an EAGLE or
+    Medusa head (random: verification keeps the target's tokens whatever it proposes)."""
     from specbench.drafting.acceptance_head import AcceptanceHead, save_head
+    from specbench.drafting.eagle_drafter import random_head
 
     config_cls = get_method(name).Config
     fields = {f.name for f in dataclasses.fields(config_cls)} if dataclasses.is_dataclass(config_cls) else set()
@@ -164,6 +167,9 @@ def method_settings(name: str, store: Path | None, head_dir: Path, hidden: int, 
         save_head(path, AcceptanceHead(hidden, 2), {"target": TARGET_NAME, "draft": config.identity(),
                                                      "temperature": 0.0})
         params["head_path"] = str(path)
+    kind = getattr(get_method(name), "KIND", None)
+    if "head" in fields and kind and model_config is not None:
+        params["head"] = str(random_head(kind, model_config, head_dir / f"{name}-head"))
     return params
 
 
@@ -186,7 +192,7 @@ def drafters(target: Target, vocab: int, workdir: Path, texts: list[list[int]]) 
                              target_model=target.model, target_name=TARGET_NAME)
     out = {}
     for name in method_names():
-        config = build_method_config(name, method_settings(name, store, workdir, hidden, layers))
+        config = build_method_config(name, method_settings(name, store, workdir, hidden, layers, target.model.config))
         cls = get_method(name)
         out[name] = lambda cls=cls, config=config: cls(config, vocab_size=vocab, seed=0, context=context)
     return out

@@ -28,7 +28,7 @@ def test_kept_rows_index_goes_to_the_output_layers_device(monkeypatch):
     assert model_devices(model) == [torch.device("cpu"), torch.device("meta")]
     seen = {}
 
-    def fake_forward(ids, positions, mask, cache, keep_last=0):
+    def fake_forward(ids, positions, mask, cache, keep_last=0, features=()):
         seen.update(ids=ids.device, positions=positions.device, mask=mask.device, keep=keep_last.device)
         return torch.zeros(1)
 

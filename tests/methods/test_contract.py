@@ -20,9 +20,11 @@ from methods.registry import build_method_config, get_method, method_names
 from specbench.core.acceptance import SamplingParams
 from specbench.core.draft import DrafterContext
 from specbench.drafting.acceptance_head import AcceptanceHead, save_head
+from specbench.drafting.eagle_drafter import random_head
 from specbench.stores.datastore import write_store
 from tests.lossless import (
     SMALL_VOCAB,
+    BigramModel,
     BigramTarget,
     assert_greedy_lossless,
     assert_sampling_preserves_distribution,
@@ -35,6 +37,9 @@ NEEDS_STORE = {"rest", "spectra_retrieval", "spectra", "lookahead_rest"}
 # Methods that read a trained head: they get a randomly initialised one (the head only decides when a
 # draft stops; what verification keeps does not depend on it).
 NEEDS_HEAD = {"specdec_pp"}
+# Methods that read the target's hidden states through a trained head: they get a random one for the target
+# (what verification keeps does not depend on it); in the sampling check, one for the bigram target's states.
+NEEDS_FEATURE_HEAD = {"eagle", "eagle3", "medusa"}
 # Methods that run a draft model: it is the target's first layer (self-draft), so they need a real model.
 NEEDS_MODEL = {"sps", "specdec_pp"}
 # Methods that never draft: they pass the checks trivially and are run anyway.
@@ -75,7 +80,9 @@ def _head(tmp_path, name: str, params: dict, hidden: int, greedy: bool) -> str:
     return str(path)
 
 
-def _maker(name, store, target, tmp_path, sampling: SamplingParams):
+def _maker(name, store, target, tmp_path, sampling: SamplingParams, model=None):
+    """``model``: what the drafter reads as the target's model (default: ``target``'s own)."""
+    model = model if model is not None else target.model
     params: dict = dict(QUICK_START.get(name, {})) if not sampling.greedy else {}
     if name in NEEDS_STORE:
         params["datastore"] = str(store)
@@ -83,6 +90,8 @@ def _maker(name, store, target, tmp_path, sampling: SamplingParams):
             params["refine"] = False
     if name in NEEDS_MODEL:
         params["self_first_layers"] = 1
+    if name in NEEDS_FEATURE_HEAD:
+        params["head"] = str(random_head(get_method(name).KIND, model.config, tmp_path / f"{name}-head"))
     if name in NEEDS_HEAD:
         params["head_path"] = _head(tmp_path, name, params, target.model.config.hidden_size, sampling.greedy)
     config = build_method_config(name, params)
@@ -90,14 +99,14 @@ def _maker(name, store, target, tmp_path, sampling: SamplingParams):
     seeds = itertools.count()
 
     def make():
-        context = DrafterContext(sampling=sampling, target_model=target.model, target_name=TARGET_NAME)
+        context = DrafterContext(sampling=sampling, target_model=model, target_name=TARGET_NAME)
         return cls(config, vocab_size=SMALL_VOCAB, seed=next(seeds), context=context)
 
     return make
 
 
 def test_the_lists_name_registered_methods():
-    for group in (NEEDS_STORE, NEEDS_HEAD, NEEDS_MODEL, NEVER_DRAFTS, set(QUICK_START)):
+    for group in (NEEDS_STORE, NEEDS_HEAD, NEEDS_FEATURE_HEAD, NEEDS_MODEL, NEVER_DRAFTS, set(QUICK_START)):
         assert group <= set(shipped_methods())
 
 
@@ -116,7 +125,8 @@ def test_sampling_keeps_the_target_distribution(name, store, target, tmp_path):
     proposed: list[int] = []
     # a bigram target (no model: fast) unless the method runs the target's own layers
     on = target if name in NEEDS_MODEL else BigramTarget()
-    make = counting_proposals(_maker(name, store, target, tmp_path, params), proposed)
+    model = BigramModel() if name in NEEDS_FEATURE_HEAD else None  # heads read the bigram target's features
+    make = counting_proposals(_maker(name, store, target, tmp_path, params, model), proposed)
     assert_sampling_preserves_distribution(make, params, target=on, trials=600 if name in NEEDS_MODEL else 1500,
                                            extra=2)
     if name not in NEVER_DRAFTS:

@@ -51,7 +51,7 @@ def test_config_yaml_and_registry():
         assert name == "sam_decoding"
         assert build_method_config("sam_decoding", params) == SAMDecodingConfig(tree=tree)
     assert get_method("sam_decoding") is SAMDecoding
-    for bad in [dict(num_draft=0), dict(auxiliary="eagle"), dict(tree="big"), dict(memory="x"), dict(topk=2)]:
+    for bad in [dict(num_draft=0), dict(auxiliary="medusa"), dict(tree="big"), dict(memory="x"), dict(topk=2)]:
         with pytest.raises(ValueError, match="sam_decoding: "):
             build_method_config("sam_decoding", bad)
     with pytest.raises(ConfigError, match="is a name"):

@@ -1,0 +1,89 @@
+"""Medusa (Cai et al. 2024): K heads on the target's last hidden state, a sparse tree of their top-k tokens.
+
+Head i reads the last hidden state of the position that produced the root (handed over by the
+verification forward, :attr:`Drafter.feature_layers`) and ranks candidates for the token i + 1 places
+after the root; the tree (:mod:`specbench.drafting.medusa_head`) takes, for each path of ranks
+``(r1, …, rd)``, head d's r_d-th token under the node of ``(r1, …, r_{d-1})``. One heads pass per step,
+no draft forward per level. ``tree: auto`` builds the ``nodes`` best paths from the head's measured
+per-rank accuracies (the paper's construction; a head without them takes ``mc_sim_7b_63``);
+``mc_sim_7b_63`` is the paper's tree for Vicuna-7B. Deterministic guesses: lossless for greedy and
+sampling alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from methods.registry import register_method
+from specbench.core.draft import SOURCE_HEAD, DecodeState, Draft, Drafter, VerifyResult
+from specbench.drafting.eagle_drafter import head_dir
+from specbench.drafting.medusa_head import MC_SIM_7B_63, best_paths, load_medusa, tree_draft
+from specbench.errors import ConfigError
+
+TREES = ("auto", "mc_sim_7b_63")
+
+
+@dataclass
+class MedusaConfig:
+    head: str = "auto"  # auto (trained here: make train-eagle-head KIND=medusa) | a directory | a hub repo
+    tree: str = "auto"  # auto: built from the head's measured accuracies | mc_sim_7b_63
+    nodes: int = 63  # the tree's size under tree=auto
+
+    def validate(self) -> None:
+        if self.tree not in TREES:
+            raise ValueError(f"medusa: tree must be one of {', '.join(TREES)}, got '{self.tree}'")
+        if self.nodes < 1:
+            raise ValueError(f"medusa: nodes must be >= 1, got {self.nodes}")
+
+
+@register_method
+class Medusa(Drafter):
+    name = "medusa"
+    Config = MedusaConfig
+    KIND = "medusa"  # the head it reads
+    feature_layers = (-1,)
+
+    @classmethod
+    def preflight(cls, config: MedusaConfig, run_cfg: Any) -> None:
+        head_dir(config.head, run_cfg.model.name, cls.KIND, fetch=False)
+
+    def __init__(self, config: MedusaConfig | None = None, **kwargs) -> None:
+        super().__init__(config, **kwargs)
+        target = self.context.target_model
+        if target is None:
+            raise ConfigError("medusa: needs the target model (DrafterContext.target_model)")
+        heads, meta = load_medusa(head_dir(self.config.head, self.context.target_name, self.KIND), target.config)
+        self.lm_head = target.get_output_embeddings()
+        w = self.lm_head.weight
+        self.heads = heads.to(device=w.device, dtype=w.dtype).eval()
+        accuracy = meta.get("accuracy")
+        if self.config.tree == "auto" and accuracy:
+            self.paths = best_paths(accuracy[: len(heads)], self.config.nodes)
+        else:
+            self.paths = [p for p in MC_SIM_7B_63 if len(p) <= len(heads)]
+        self.ranks = [1 + max((p[d] for p in self.paths if len(p) > d), default=-1) for d in range(len(heads))]
+        self.last: torch.Tensor | None = None
+
+    def provenance(self) -> dict[str, Any]:
+        return {"head": self.config.head}
+
+    def start(self, prompt_ids: list[int]) -> None:
+        self.last = None
+
+    def prefilled(self, features: dict[int, torch.Tensor]) -> None:
+        self.last = features[-1][-1:]
+
+    def update(self, result: VerifyResult) -> None:
+        self.last = result.features[-1][-1:]  # the row whose next token is the new root
+
+    def propose(self, state: DecodeState) -> Draft | None:
+        depth = min(len(self.heads), state.max_depth)
+        if self.last is None or depth < 1:
+            return None
+        logits = self.heads.logits(self.last, self.lm_head)[:depth, 0]
+        top = [logits[d].topk(self.ranks[d]).indices.tolist() if self.ranks[d] else [] for d in range(depth)]
+        tokens, parents = tree_draft(self.paths, top)
+        return Draft(tokens=tokens, parents=parents, sources=[SOURCE_HEAD] * len(tokens))

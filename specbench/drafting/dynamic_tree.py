@@ -1,0 +1,77 @@
+"""EAGLE-2's dynamic draft tree: expand by cumulative confidence, then re-rank every node to a budget.
+
+A node's score is the sum of the draft's log-probabilities along its path (the log of its estimated chance
+of being accepted). The root's top-k tokens make the first level; then, ``depth - 1`` times, the k
+best-scored nodes of the newest level are expanded together (one draft forward for the k of them), each
+into its k best children, and the k best of those k² go on. Every node produced (k + (depth - 1)·k²) is a
+candidate; the ``nodes`` best-scored candidates are the draft. A child never scores above its parent, and
+ties go to the node made first, so the chosen set is closed under parents.
+
+``depth`` counts the draft's levels: the reference's ``depth`` is one less (its first level is not
+counted), and its ``total_token`` one more (it counts the root).
+
+Pure: the draft model enters through ``expand``, which maps the nodes of one level to their children's
+log-probabilities; tested by hand on made-up ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Tree:
+    """Candidates in the order they were made: ``parents[i]`` is -1 (the root) or an earlier index."""
+
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)
+    depths: list[int] = field(default_factory=list)
+
+    def add(self, token: int, parent: int, score: float) -> int:
+        self.tokens.append(int(token))
+        self.parents.append(parent)
+        self.scores.append(float(score))
+        self.depths.append(1 if parent < 0 else self.depths[parent] + 1)
+        return len(self.tokens) - 1
+
+
+def grow(root_logprobs: torch.Tensor, expand: Callable[[list[int], Tree], torch.Tensor], *, depth: int,
+         top_k: int) -> Tree:
+    """Every candidate: the first level from ``root_logprobs`` [V]; ``expand(level, tree)`` returns
+    [len(level), V] log-probabilities of the children of the candidates ``level``."""
+    tree = Tree()
+    lp, ids = root_logprobs.float().topk(min(top_k, root_logprobs.shape[-1]))
+    level = [tree.add(t, -1, s) for t, s in zip(ids.tolist(), lp.tolist(), strict=True)]
+    for _ in range(depth - 1):
+        if not level:
+            break
+        child_lp = expand(level, tree).float()
+        lp, ids = child_lp.topk(min(top_k, child_lp.shape[-1]), dim=-1)  # [k, k]
+        base = torch.tensor([tree.scores[i] for i in level])[:, None]
+        cum = (base + lp).flatten()
+        made = []
+        for j, (score, tok) in enumerate(zip(cum.tolist(), ids.flatten().tolist(), strict=True)):
+            made.append(tree.add(tok, level[j // ids.shape[1]], score))
+        best = sorted(range(len(made)), key=lambda j: (-cum[j].item(), j))[:top_k]
+        level = [made[j] for j in sorted(best, key=lambda j: (-cum[j].item(), j))]
+    return tree
+
+
+def rerank(tree: Tree, nodes: int) -> tuple[list[int], list[int], list[float]]:
+    """The ``nodes`` best candidates as a draft: (tokens, parents, scores), parents first, siblings in
+    descending score (the order sampling tries them in)."""
+    order = sorted(range(len(tree.tokens)), key=lambda i: (-tree.scores[i], i))[:nodes]
+    chosen = set(order)
+    for i in order:  # closed under parents (a no-op unless scores were not monotone)
+        p = tree.parents[i]
+        while p >= 0 and p not in chosen:
+            chosen.add(p)
+            p = tree.parents[p]
+    kept = sorted(chosen, key=lambda i: (tree.depths[i], -tree.scores[i], i))
+    at = {old: new for new, old in enumerate(kept)}
+    parents = [-1 if tree.parents[i] < 0 else at[tree.parents[i]] for i in kept]
+    return [tree.tokens[i] for i in kept], parents, [tree.scores[i] for i in kept]

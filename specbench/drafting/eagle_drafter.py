@@ -1,0 +1,225 @@
+"""Drafting with an EAGLE head: what ``eagle`` and ``eagle3`` share.
+
+The head reads the target's features of the committed positions, taken from the verification forward
+itself (``feature_layers``): after the prefill, the prompt's; after each step, the root's and the accepted
+guesses'. Feature ``f_t`` paired with the embedding of token ``t+1`` sits at head position ``t``; the head
+keeps a KV cache over those pairs. A step first feeds the pairs committed since the last one (one head
+forward), whose last output predicts the feature at the root, hence the first level's tokens; the dynamic
+tree (:mod:`specbench.drafting.dynamic_tree`) then grows, one head forward per level, each node's
+children reading the node's own predicted feature at position ``root + depth - 1``. The tree's cache
+entries are cropped at the next step, when true features replace them.
+
+The draft is deterministic (top-k tokens, no ``q``): sampling verifies it with the core's multi-candidate
+rule for deterministic trees, so the target's distribution is kept; greedy output is the target's.
+
+Where the head is read from (``head``): ``auto`` is the head trained here for this target
+(``make train-eagle-head``, kept in ``$SPECBENCH_CACHE/eagle_heads/<model>__<kind>/``); a directory; or a
+hub repository (``owner/name``) in EAGLE's published format, fetched when the hub is reachable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from specbench.core.draft import SOURCE_HEAD, DecodeState, Draft, Drafter, VerifyResult
+from specbench.drafting.dynamic_tree import grow, rerank
+from specbench.drafting.eagle_head import EagleHead, HeadCache, load_head
+from specbench.errors import ConfigError
+from specbench.models.packed import PackedLinear, pack_linears
+from specbench.paths import cache_root
+
+AUTO = "auto"
+
+
+@dataclass
+class EagleSettings:
+    """The head and EAGLE-2's dynamic tree: ``depth`` levels, the ``top_k`` best children of the ``top_k``
+    best nodes per level, the ``total_tokens - 1`` best nodes kept (the reference counts the root)."""
+
+    head: str = AUTO  # auto | a directory | a hub repository (owner/name)
+    depth: int = 6
+    top_k: int = 10
+    total_tokens: int = 60
+
+    def validate(self) -> None:
+        if self.depth < 1 or self.top_k < 1 or self.total_tokens < 2:
+            raise ValueError(f"eagle: need depth >= 1, top_k >= 1 and total_tokens >= 2, got {self.depth}, "
+                             f"{self.top_k}, {self.total_tokens}")
+
+
+def trained_head_dir(target: str, kind: str) -> Path:
+    return cache_root() / "eagle_heads" / f"{target}__{kind}"
+
+
+def train_command(target: str, kind: str) -> str:
+    return f"make train-eagle-head MODEL={target}" + ("" if kind == "eagle" else f" KIND={kind}")
+
+
+def head_dir(head: str, target: str, kind: str, fetch: bool = True) -> Path:
+    """The directory to read the head from; a hub repository is fetched (``fetch``) or found in the hub's cache."""
+    if head == AUTO:
+        path = trained_head_dir(target, kind)
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"{kind}: no head trained for '{target}' ({path}): train one with "
+                              f"`{train_command(target, kind)}` (or set method.head=<dir or hub repo>)")
+        return path
+    path = Path(head).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"{kind}: {path} holds no config.json: point method.head at a head's directory")
+        return path
+    if head.count("/") != 1:
+        raise ConfigError(f"{kind}: head '{head}' is neither a directory nor a hub repository (owner/name)")
+    return hub_head(head, kind, fetch)
+
+
+def hub_head(repo: str, kind: str, fetch: bool) -> Path:
+    from huggingface_hub import snapshot_download
+
+    patterns = ["config.json", "*.safetensors", "pytorch_model.bin"]
+    try:
+        return Path(snapshot_download(repo, allow_patterns=patterns, local_files_only=True))
+    except Exception:  # noqa: BLE001 - not in the cache: fetch it below
+        pass
+    from specbench import hub
+
+    if not fetch:
+        return Path()  # preflight: the run fetches it
+    if hub.offline_forced() or not hub.reachable():
+        raise ConfigError(f"{kind}: head '{repo}' is not in the hub cache and the hub is unreachable: "
+                          "download it where there is internet (huggingface-cli download) or set method.head=<dir>")
+    try:
+        return Path(snapshot_download(repo, allow_patterns=patterns))
+    except Exception as err:  # noqa: BLE001 - one line for a missing or gated repository
+        raise ConfigError(f"{kind}: could not fetch head '{repo}' from the hub ({type(err).__name__}): "
+                          "check the name, or set method.head=<dir>") from None
+
+
+def random_head(kind: str, target_config, directory: Path) -> Path:
+    """An untrained head of ``kind`` (eagle, eagle3, medusa) for a target, saved in its published layout: what
+    checks of losslessness use (what verification keeps does not depend on the head)."""
+    from specbench.drafting.eagle_head import EagleHead, HeadConfig, save_head
+    from specbench.drafting.medusa_head import MedusaHeads, save_medusa
+
+    torch.manual_seed(0)
+    c = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
+    if kind == "medusa":
+        return save_medusa(MedusaHeads(c.hidden_size, c.vocab_size, 3), directory,
+                           {"accuracy": [[0.5, 0.3, 0.1], [0.4, 0.2], [0.3]]})
+    return save_head(EagleHead(HeadConfig.for_target(kind, c)), directory)
+
+
+class HeadDrafter(Drafter):
+    """EAGLE-2's drafting with an EAGLE-1/2 or EAGLE-3 head (``KIND``)."""
+
+    KIND: ClassVar[str] = "eagle"
+
+    @classmethod
+    def preflight(cls, config: EagleSettings, run_cfg: Any) -> None:
+        head_dir(config.head, run_cfg.model.name, cls.KIND, fetch=False)
+
+    def __init__(self, config: EagleSettings | None = None, **kwargs) -> None:
+        super().__init__(config, **kwargs)
+        target = self.context.target_model
+        if target is None:
+            raise ConfigError(f"{self.name}: needs the target model (DrafterContext.target_model)")
+        head = load_head(head_dir(self.config.head, self.context.target_name, self.KIND), target.config)
+        if head.c.kind != self.KIND:
+            raise ConfigError(f"{self.name}: the head in {self.config.head} is an {head.c.kind} head: "
+                              f"use method={head.c.kind}")
+        self.embed = target.get_input_embeddings()
+        self.lm_head = target.get_output_embeddings()
+        device = self.lm_head.weight.device  # where the final hidden states live
+        self.head: EagleHead = head.to(device=device, dtype=self.lm_head.weight.dtype).eval()
+        if isinstance(self.lm_head, PackedLinear):  # the target's layers are prepacked (hardware.linear): the head's too
+            pack_linears(self.head)
+        self.device = device
+        self.feature_layers = self.head.feature_layers
+        self.cache = HeadCache()
+        self.pending: torch.Tensor | None = None  # fused features of positions start … start + len - 1
+        self.start_pos = 0
+        self.root_pos = 0
+
+    def provenance(self) -> dict[str, Any]:
+        return {"head": self.config.head}
+
+    def start(self, prompt_ids: list[int]) -> None:
+        self.cache, self.pending, self.start_pos = HeadCache(), None, 0
+
+    def prefilled(self, features: dict[int, torch.Tensor]) -> None:
+        self.pending, self.start_pos = self.head.fuse(features), 0
+
+    def update(self, result: VerifyResult) -> None:
+        self.pending, self.start_pos = self.head.fuse(result.features), self.root_pos
+
+    def _embed(self, tokens: list[int]) -> torch.Tensor:
+        ids = torch.tensor(tokens, device=self.embed.weight.device)
+        return self.embed(ids).to(self.device)
+
+    def _logprobs(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[n, V] log-probabilities over the target's vocabulary (EAGLE-3's draft vocabulary scattered into it)."""
+        lp = torch.log_softmax(self.head.logits(hidden, self.lm_head).float(), -1)
+        if self.head.c.kind == "eagle":
+            return lp
+        full = torch.full((lp.shape[0], self.vocab_size), float("-inf"), device=lp.device)
+        ids = self.head.to_target_ids(torch.arange(lp.shape[1], device=lp.device))
+        return full.index_copy_(1, ids, lp)
+
+    def _visible(self, rows: int, seen: list[list[int]]) -> torch.Tensor:
+        """[rows, len(cache) + rows]: each new row sees the committed prefix, the cache slots it lists, itself."""
+        n = len(self.cache)
+        vis = torch.zeros(rows, n + rows, dtype=torch.bool)
+        vis[:, : self.root_pos] = True
+        for r, slots in enumerate(seen):
+            vis[r, slots] = True
+            vis[r, n + r] = True
+        return vis.to(self.device)
+
+    def catch_up(self, tokens: list[int]) -> torch.Tensor | None:
+        """Feed the head the pairs committed since the last step (``tokens``: the sequence, its root last);
+        returns its predicted feature at the root ([1, H]), or None before any feature came. A drafter that
+        drafts otherwise this step (SAM-Decoding's long matches) calls it alone, to keep the head's cache whole."""
+        self.root_pos = len(tokens) - 1
+        if self.pending is None:
+            return None
+        s, feats = self.start_pos, self.pending[: self.root_pos - self.start_pos]
+        self.pending = None
+        self.cache.crop(s)  # the last tree's entries go; true features follow
+        m = feats.shape[0]
+        vis = torch.ones(m, s + m, dtype=torch.bool).tril(s).to(self.device)
+        positions = torch.arange(s, s + m, device=self.device)
+        return self.head(feats, self._embed(tokens[s + 1 : s + m + 1]), positions, self.cache, vis)[-1:]
+
+    def propose(self, state: DecodeState) -> Draft | None:
+        root_hidden = self.catch_up(state.tokens)
+        if root_hidden is None or state.max_depth < 1:
+            return None
+        hidden: dict[int, torch.Tensor] = {}  # a node's predicted feature, once expanded
+        slot: dict[int, int] = {}  # a node's entry in the head's cache
+
+        def expand(level: list[int], tree) -> torch.Tensor:
+            parents = [tree.parents[i] for i in level]
+            feat = torch.cat([root_hidden if p < 0 else hidden[p][None] for p in parents])
+            seen = []
+            for i in level:
+                chain, p = [], tree.parents[i]
+                while p >= 0:
+                    chain.append(slot[p])
+                    p = tree.parents[p]
+                seen.append(chain)
+            vis = self._visible(len(level), seen)
+            base = len(self.cache)
+            pos = torch.tensor([self.root_pos + tree.depths[i] - 1 for i in level], device=self.device)
+            out = self.head(feat, self._embed([tree.tokens[i] for i in level]), pos, self.cache, vis)
+            for r, i in enumerate(level):
+                hidden[i], slot[i] = out[r], base + r
+            return self._logprobs(out)
+
+        c = self.config
+        tree = grow(self._logprobs(root_hidden)[0], expand, depth=min(c.depth, state.max_depth), top_k=c.top_k)
+        toks, parents, _ = rerank(tree, c.total_tokens - 1)
+        return Draft(tokens=toks, parents=parents, sources=[SOURCE_HEAD] * len(toks))

@@ -1,0 +1,306 @@
+"""EAGLE's draft heads: one decoder layer over the target's features, in the published formats.
+
+* **EAGLE-1/2** (``kind: eagle``): ``fc`` fuses ``[embedding of token t+1, feature at t]`` (2H → H, a bias
+  unless the config says ``"bias": false``) into one Llama decoder layer whose input norm is left out;
+  its output, the raw residual stream, is the predicted feature at t+1, and the target's own LM head
+  reads it directly. The feature is the target's last hidden state after its final norm
+  (``output_hidden_states`` index -1).
+* **EAGLE-3** (``kind: eagle3``): the target's states at the inputs of layers 2, L/2 and L-3 (hidden-state
+  indices ``[2, L // 2, L - 3]``) are concatenated and fused by ``fc`` (3H → H, no bias); the layer
+  (``midlayer``) normalises the embedding and the feature apart (``input_layernorm``, ``hidden_norm``),
+  attends over their concatenation (2H → H), adds the feature back; ``norm`` and its own ``lm_head`` give
+  logits over a reduced draft vocabulary, mapped to the target's by ``d2t`` (target id = draft id +
+  ``d2t[draft id]``). Deeper draft steps feed the layer's own output back (no ``fc``).
+
+Both read ``config.json`` (a one-layer ``LlamaConfig``) and ``pytorch_model.bin`` or ``model.safetensors``
+with the reference's key names (``fc.weight``, ``layers.0.self_attn.q_proj.weight``, ``midlayer.…``,
+``d2t``); :func:`save_head` writes the same, so a head trained here and one from the hub load alike. The
+embedding is always the target's (a checkpoint's copy of it is ignored).
+
+The head keeps a KV cache of its own (:class:`HeadCache`) over the committed positions; a draft tree's
+entries are appended after them and cropped away once the step is verified.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specbench.errors import ConfigError
+
+KINDS = ("eagle", "eagle3")
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+def eagle3_layers(n_layers: int) -> tuple[int, int, int]:
+    """The target's hidden-state indices EAGLE-3 fuses: the inputs of layers 2, L/2 and L-3."""
+    return (2, n_layers // 2, n_layers - 3)
+
+
+@dataclass
+class HeadConfig:
+    kind: str
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    bias: bool = True  # fc's bias (EAGLE-1/2)
+    vocab_size: int = 0  # the target's
+    draft_vocab_size: int = 0  # EAGLE-3's reduced vocabulary (0: the target's)
+    target_layers: int = 0  # the target's decoder layers (EAGLE-3's feature indices depend on it)
+    head_dim: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ConfigError(f"eagle head: kind must be one of {', '.join(KINDS)}, got '{self.kind}'")
+        self.head_dim = self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @classmethod
+    def for_target(cls, kind: str, target_config, draft_vocab_size: int = 0) -> HeadConfig:
+        """A fresh head shaped like one layer of the target."""
+        c = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
+        rope = getattr(c, "rope_parameters", None) or {}
+        return cls(kind=kind, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+                   num_attention_heads=c.num_attention_heads,
+                   num_key_value_heads=getattr(c, "num_key_value_heads", None) or c.num_attention_heads,
+                   rms_norm_eps=getattr(c, "rms_norm_eps", 1e-6),
+                   rope_theta=float(rope.get("rope_theta", getattr(c, "rope_theta", 10000.0))),
+                   bias=True, vocab_size=c.vocab_size,
+                   draft_vocab_size=draft_vocab_size if kind == "eagle3" else 0,
+                   target_layers=c.num_hidden_layers, head_dim=getattr(c, "head_dim", 0) or 0)
+
+    def feature_layers(self) -> tuple[int, ...]:
+        return eagle3_layers(self.target_layers) if self.kind == "eagle3" else (-1,)
+
+    def to_json(self) -> dict:
+        """``config.json`` as the reference writes it (a one-layer Llama config) plus what it leaves implicit."""
+        out = {"architectures": ["LlamaForCausalLMEagle3" if self.kind == "eagle3" else "LlamaForCausalLM"],
+               "model_type": "llama", "hidden_act": "silu", "num_hidden_layers": 1,
+               "hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
+               "num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_key_value_heads,
+               "head_dim": self.head_dim, "rms_norm_eps": self.rms_norm_eps, "rope_theta": self.rope_theta,
+               "vocab_size": self.vocab_size, "bias": self.bias, "target_num_hidden_layers": self.target_layers}
+        if self.kind == "eagle3":
+            out["draft_vocab_size"] = self.draft_vocab_size or self.vocab_size
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict, target_layers: int) -> HeadConfig:
+        kind = "eagle3" if "draft_vocab_size" in data or any("Eagle3" in a for a in data.get("architectures", [])) \
+            else "eagle"
+        heads = data["num_attention_heads"]
+        return cls(kind=kind, hidden_size=data["hidden_size"], intermediate_size=data["intermediate_size"],
+                   num_attention_heads=heads, num_key_value_heads=data.get("num_key_value_heads") or heads,
+                   rms_norm_eps=data.get("rms_norm_eps", 1e-6), rope_theta=data.get("rope_theta", 10000.0),
+                   bias=data.get("bias", True), vocab_size=data.get("vocab_size", 0),
+                   draft_vocab_size=data.get("draft_vocab_size", 0) if kind == "eagle3" else 0,
+                   target_layers=data.get("target_num_hidden_layers", target_layers),
+                   head_dim=data.get("head_dim") or 0)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.ones(size)), eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+
+
+def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary embedding (Llama's half-split layout) of ``x`` [heads, n, d] at ``positions`` [n]."""
+    d = x.shape[-1]
+    inv = 1.0 / theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
+    ang = positions.to(torch.float32)[:, None] * inv[None]
+    cos, sin = torch.cat([ang, ang], -1).cos().to(x.dtype), torch.cat([ang, ang], -1).sin().to(x.dtype)
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+class HeadCache:
+    """The head's keys and values ([kv_heads, length, head_dim]): the committed positions first."""
+
+    def __init__(self) -> None:
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[1]
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.keys = k if self.keys is None else torch.cat([self.keys, k], 1)
+        self.values = v if self.values is None else torch.cat([self.values, v], 1)
+        return self.keys, self.values
+
+    def crop(self, length: int) -> None:
+        if self.keys is not None and length < len(self):
+            self.keys, self.values = self.keys[:, :length], self.values[:, :length]
+
+
+class Attention(nn.Module):
+    def __init__(self, c: HeadConfig, in_size: int) -> None:
+        super().__init__()
+        self.c = c
+        self.q_proj = nn.Linear(in_size, c.num_attention_heads * c.head_dim, bias=False)
+        self.k_proj = nn.Linear(in_size, c.num_key_value_heads * c.head_dim, bias=False)
+        self.v_proj = nn.Linear(in_size, c.num_key_value_heads * c.head_dim, bias=False)
+        self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: HeadCache | None,
+                visible: torch.Tensor | None) -> torch.Tensor:
+        """``x`` [n, in]; ``visible`` [n, cached + n] bool (None: causal over a fresh sequence)."""
+        c, n = self.c, x.shape[0]
+        q = self.q_proj(x).view(n, c.num_attention_heads, c.head_dim).transpose(0, 1)
+        k = self.k_proj(x).view(n, c.num_key_value_heads, c.head_dim).transpose(0, 1)
+        v = self.v_proj(x).view(n, c.num_key_value_heads, c.head_dim).transpose(0, 1)
+        q, k = rotate(q, positions, c.rope_theta), rotate(k, positions, c.rope_theta)
+        if cache is not None:
+            k, v = cache.append(k, v)
+        group = c.num_attention_heads // c.num_key_value_heads
+        k, v = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)
+        if visible is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible[None])
+        return self.o_proj(out.transpose(0, 1).reshape(n, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, c: HeadConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Layer(nn.Module):
+    """EAGLE-1/2's layer 0 (no input norm) or EAGLE-3's midlayer (embedding and feature normed apart)."""
+
+    def __init__(self, c: HeadConfig) -> None:
+        super().__init__()
+        three = c.kind == "eagle3"
+        self.self_attn = Attention(c, 2 * c.hidden_size if three else c.hidden_size)
+        self.mlp = MLP(c)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        if three:
+            self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+            self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+    def forward(self, hidden: torch.Tensor, embeds: torch.Tensor | None, positions, cache, visible) -> torch.Tensor:
+        residual = hidden
+        x = hidden if embeds is None else torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], -1)
+        hidden = residual + self.self_attn(x, positions, cache, visible)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class EagleHead(nn.Module):
+    """An EAGLE-1/2 or EAGLE-3 head. :meth:`forward` maps (features, next tokens' embeddings) to predicted
+    features; :meth:`logits` reads them (over the target's vocabulary, EAGLE-3's mapped from its own)."""
+
+    def __init__(self, c: HeadConfig) -> None:
+        super().__init__()
+        self.c = c
+        h = c.hidden_size
+        if c.kind == "eagle":
+            self.fc = nn.Linear(2 * h, h, bias=c.bias)
+            self.layers = nn.ModuleList([Layer(c)])
+        else:
+            self.fc = nn.Linear(3 * h, h, bias=False)
+            self.midlayer = Layer(c)
+            self.norm = RMSNorm(h, c.rms_norm_eps)
+            dv = c.draft_vocab_size or c.vocab_size
+            self.lm_head = nn.Linear(h, dv, bias=False)
+            self.register_buffer("d2t", torch.zeros(dv, dtype=torch.long))
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        return self.c.feature_layers()
+
+    def fuse(self, features: dict[int, torch.Tensor]) -> torch.Tensor:
+        """The head's input feature [n, H] from the target's states ({layer: [n, H]})."""
+        if self.c.kind == "eagle":
+            return features[-1]
+        return self.fc(torch.cat([features[i] for i in self.feature_layers], -1))
+
+    def forward(self, feature: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor,
+                cache: HeadCache | None = None, visible: torch.Tensor | None = None) -> torch.Tensor:
+        """Predicted features [n, H] from ``feature`` [n, H] (fused, or the head's own output) and the
+        embeddings [n, H] of the tokens that follow each."""
+        if self.c.kind == "eagle":
+            return self.layers[0](self.fc(torch.cat([embeds, feature], -1)), None, positions, cache, visible)
+        return self.midlayer(feature, embeds, positions, cache, visible)
+
+    def logits(self, hidden: torch.Tensor, target_head: nn.Module) -> torch.Tensor:
+        """[n, V_draft] logits: the target's LM head (EAGLE-1/2) or the head's own (EAGLE-3)."""
+        if self.c.kind == "eagle":
+            return target_head(hidden)
+        return self.lm_head(self.norm(hidden))
+
+    def to_target_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """Target token ids of draft-vocabulary ids."""
+        return ids if self.c.kind == "eagle" else ids + self.d2t[ids]
+
+
+def save_head(head: EagleHead, directory: Path, extra: dict | None = None) -> Path:
+    """``config.json`` and ``model.safetensors`` in the reference's layout (plus ``extra`` in the config)."""
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps({**head.c.to_json(), **(extra or {})}, indent=2))
+    state = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()}
+    save_file(state, str(directory / "model.safetensors"))
+    return directory
+
+
+def read_state(directory: Path) -> dict[str, torch.Tensor]:
+    for name in WEIGHT_FILES:
+        path = directory / name
+        if path.is_file():
+            if name.endswith(".safetensors"):
+                from safetensors.torch import load_file
+
+                return load_file(str(path))
+            return torch.load(path, map_location="cpu", weights_only=True)
+    raise ConfigError(f"eagle head: no {' or '.join(WEIGHT_FILES)} in {directory}")
+
+
+def load_head(directory: Path, target_config) -> EagleHead:
+    """A head saved by :func:`save_head` or published by EAGLE's authors, checked against the target."""
+    directory = Path(directory)
+    cfg_path = directory / "config.json"
+    if not cfg_path.is_file():
+        raise ConfigError(f"eagle head: no config.json in {directory}")
+    tc = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
+    data = json.loads(cfg_path.read_text())
+    c = HeadConfig.from_json(data, tc.num_hidden_layers)
+    if c.hidden_size != tc.hidden_size or (c.vocab_size and c.vocab_size != tc.vocab_size):
+        raise ConfigError(
+            f"eagle head in {directory} is for another model (hidden {c.hidden_size}, vocabulary {c.vocab_size}; "
+            f"the target has {tc.hidden_size} and {tc.vocab_size}): use the head trained for this target")
+    c.vocab_size, c.target_layers = tc.vocab_size, tc.num_hidden_layers
+    head = EagleHead(c)
+    state = {k: v for k, v in read_state(directory).items() if not k.startswith("embed_tokens")}
+    if c.kind == "eagle3":
+        state.pop("t2d", None)
+        if "d2t" not in state:  # a head whose vocabulary is the target's
+            state["d2t"] = torch.zeros(head.lm_head.out_features, dtype=torch.long)
+    missing, unexpected = head.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ConfigError(f"eagle head in {directory}: weights do not match its config.json "
+                          f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
+    return head
+
+
+def param_count(head: nn.Module) -> int:
+    return sum(p.numel() for p in head.parameters())

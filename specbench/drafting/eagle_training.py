@@ -1,0 +1,190 @@
+"""Training an EAGLE head on the target's teacher-forced features (EAGLE's recipe, scaled to one machine).
+
+Data: conversations the target's chat template wraps, from text every Python installation carries and no
+evaluation set contains (:func:`offline_conversations`): the language reference's topics
+(``pydoc_data.topics``: "explain the topic X" → its text) and the standard library's docstrings of
+modules, classes and functions ("what does X do?" → its docstring), parsed from the source, never imported. The target runs each once; its features (the hidden states
+the head reads) are kept, so epochs cost the head alone.
+
+Loss (EAGLE-1/2): at every position t the head reads ``(f_t + noise, embedding of x_{t+1})`` and predicts
+``f_{t+1}``: SmoothL1 to the true feature plus 0.1 × the cross-entropy of its LM-head distribution against
+the target's (soft labels), the reference's weights; the noise is uniform, ±0.1 × 512 / length, as the
+reference adds it. EAGLE-3 (no feature loss): the cross-entropy alone, over the head's draft vocabulary,
+at the first draft step (the reference's training-time test unrolls seven; one is what this trainer does).
+
+Held-out: the loss and the head's top-1 agreement with the target's next token on held-out conversations,
+teacher-forced (the acceptance rate of a depth-1 guess, α).
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from specbench.drafting.eagle_head import EagleHead
+
+W_CLS = 0.1  # the classification loss's weight (the reference's p_w)
+NOISE = 0.1  # uniform noise half-width on input features, at 512 tokens (the reference's std 0.2 → ±0.1)
+
+
+def offline_conversations(limit: int | None = None, seed: int = 0) -> list[tuple[str, str]]:
+    """(question, answer) pairs from the Python reference's topics and the standard library's docstrings
+    (modules, classes and functions), read from the source files without importing them."""
+    pairs: list[tuple[str, str]] = []
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:  # a trimmed Python: the docstrings alone
+        topics = {}
+    for key in sorted(topics):
+        text = topics[key].strip()
+        if len(text) > 200:
+            pairs.append((f"Explain the Python language topic '{key}'.", text))
+    pairs.extend(_docstrings())
+    random.Random(seed).shuffle(pairs)
+    return pairs[:limit] if limit else pairs
+
+
+def _docstrings(min_chars: int = 300) -> Iterator[tuple[str, str]]:
+    """Docstrings of the stdlib's pure-Python modules and of their public classes and functions."""
+    import ast
+    import sysconfig
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    for path in sorted(root.glob("*.py")) + sorted(root.glob("*/*.py")):
+        rel = path.relative_to(root)
+        if any(part.startswith(("_", "test", "idlelib", "tkinter", "turtledemo", "site-packages")) for part in rel.parts):
+            continue
+        module = ".".join(rel.with_suffix("").parts).removesuffix(".__init__")
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, OSError):
+            continue
+        doc = ast.get_docstring(tree)
+        if doc and len(doc) >= min_chars:
+            yield f"What does the Python module `{module}` do?", doc
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef | ast.FunctionDef) and not node.name.startswith("_"):
+                doc = ast.get_docstring(node)
+                if doc and len(doc) >= min_chars:
+                    kind = "class" if isinstance(node, ast.ClassDef) else "function"
+                    yield f"Explain the {kind} `{module}.{node.name}` of Python's standard library.", doc
+
+
+def encode(tokenizer, pairs: list[tuple[str, str]], max_len: int) -> list[list[int]]:
+    """Each pair through the chat template (or as plain text without one), cut to ``max_len`` tokens."""
+    out = []
+    for question, answer in pairs:
+        if getattr(tokenizer, "chat_template", None):
+            ids = tokenizer.apply_chat_template(
+                [{"role": "user", "content": question}, {"role": "assistant", "content": answer}], tokenize=True)
+            ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+        else:
+            ids = tokenizer(question + "\n" + answer)["input_ids"]
+        out.append([int(t) for t in ids[:max_len]])
+    return out
+
+
+@torch.no_grad()  # not inference mode: training reads these tensors under autograd
+def features_of(model, sequences: list[list[int]], layers: tuple[int, ...], progress: bool = True
+                ) -> list[tuple[torch.Tensor, dict[int, torch.Tensor]]]:
+    """(ids, {layer: [n, H]}) per sequence, the target teacher-forced once; kept on the CPU."""
+    device = model.get_input_embeddings().weight.device
+    out = []
+    for ids in tqdm(sequences, desc="target features", unit="seq", disable=not progress, file=sys.stderr):
+        res = model(input_ids=torch.tensor([ids], device=device), output_hidden_states=True, use_cache=False)
+        out.append((torch.tensor(ids), {i: res.hidden_states[i][0].float().cpu() for i in layers}))
+    return out
+
+
+def head_loss(head: EagleHead, lm_weight: torch.Tensor, embed: torch.nn.Module, ids: torch.Tensor,
+              feats: dict[int, torch.Tensor], noise: float = 0.0, generator: torch.Generator | None = None
+              ) -> tuple[torch.Tensor, float, int]:
+    """The loss of one sequence, its correct depth-1 guesses and how many were judged."""
+    n = ids.shape[0]
+    fused = head.fuse(feats)
+    x = fused[:-1]
+    if noise:
+        x = x + (torch.rand(x.shape, generator=generator) - 0.5) * (2 * noise * 512 / n)
+    with torch.no_grad():
+        emb = embed(ids[1:]).float()
+        target_logits = F.linear(feats[-1][1:], lm_weight)  # the target's distribution after each pair's token
+        truth = target_logits.argmax(-1)
+    pred = head(x, emb, torch.arange(n - 1))
+    if head.c.kind == "eagle":
+        logits = F.linear(pred, lm_weight)
+        cls = -(target_logits.softmax(-1) * logits.log_softmax(-1)).sum(-1).mean()
+        loss = F.smooth_l1_loss(pred, feats[-1][1:]) + W_CLS * cls
+        guess = logits.argmax(-1)
+    else:  # over the draft vocabulary; positions whose target token it lacks are left out, as the reference does
+        logits = head.logits(pred, None)
+        used = head.to_target_ids(torch.arange(logits.shape[1]))
+        inside = torch.isin(truth, used)
+        ce = -(target_logits[:, used].softmax(-1) * logits.log_softmax(-1)).sum(-1)
+        loss = ce[inside].mean() if inside.any() else ce.sum() * 0
+        guess = head.to_target_ids(logits.argmax(-1))
+    return loss, float((guess == truth).sum()), int(truth.numel())
+
+
+def draft_vocabulary(sequences: list[list[int]], size: int) -> torch.Tensor:
+    """EAGLE-3's ``d2t`` for the ``size`` most frequent tokens of ``sequences`` (ascending target ids)."""
+    counts = torch.bincount(torch.tensor([t for s in sequences for t in s]))
+    used = torch.sort(counts.topk(min(size, counts.numel())).indices).values
+    return used - torch.arange(used.numel())
+
+
+def evaluate(head, lm_weight, embed, data) -> tuple[float, float]:
+    """Held-out (loss, α): the mean loss over sequences and the share of depth-1 guesses equal to the target's."""
+    head.eval()
+    total, right, judged = 0.0, 0.0, 0
+    with torch.no_grad():
+        for ids, feats in data:
+            loss, r, j = head_loss(head, lm_weight, embed, ids, feats)
+            total, right, judged = total + float(loss), right + r, judged + j
+    head.train()
+    return total / max(len(data), 1), right / max(judged, 1)
+
+
+def train(head: EagleHead, lm_weight: torch.Tensor, embed, train_set, heldout_set, *, epochs: int, lr: float,
+          seed: int = 0, state: dict | None = None, on_epoch=None, progress: bool = True) -> dict:
+    """Fit ``head`` (AdamW, betas 0.9/0.95, gradients clipped at 0.5 as the reference does); ``state`` resumes
+    an interrupted run (:func:`on_epoch` receives it after every epoch). The head ends with its best
+    held-out epoch's weights; returns the state (history of held-out loss and α per epoch)."""
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=lr, betas=(0.9, 0.95))
+    if state is None:
+        loss, alpha = evaluate(head, lm_weight, embed, heldout_set)
+        state = {"epoch": 0, "history": [{"epoch": 0, "heldout_loss": loss, "alpha": alpha}],
+                 "best": copy.deepcopy(head.state_dict())}
+    else:
+        head.load_state_dict(state["head"])
+        opt.load_state_dict(state["optimizer"])
+    head.train()
+    order = list(range(len(train_set)))
+    bar = tqdm(range(state["epoch"], epochs), desc="eagle head", unit="epoch", disable=not progress, file=sys.stderr)
+    for epoch in bar:
+        random.Random(seed + epoch).shuffle(order)
+        for i in tqdm(order, desc=f"epoch {epoch + 1}", unit="seq", leave=False, disable=not progress, file=sys.stderr):
+            ids, feats = train_set[i]
+            loss, _, _ = head_loss(head, lm_weight, embed, ids, feats, NOISE, gen)
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_value_(head.parameters(), 0.5)
+            opt.step()
+        loss, alpha = evaluate(head, lm_weight, embed, heldout_set)
+        state["history"].append({"epoch": epoch + 1, "heldout_loss": loss, "alpha": alpha})
+        if loss <= min(h["heldout_loss"] for h in state["history"]):
+            state["best"] = copy.deepcopy(head.state_dict())
+        state.update(epoch=epoch + 1, head=head.state_dict(), optimizer=opt.state_dict())
+        bar.set_postfix(heldout=f"{loss:.4f}", alpha=f"{alpha:.3f}")
+        if on_epoch:
+            on_epoch(state)
+    head.load_state_dict(state["best"])
+    head.eval()
+    return state

@@ -1,0 +1,464 @@
+"""EAGLE-2/3 and Medusa: the trees by hand, the heads' published formats, the target's features, training,
+and losslessness (greedy on the tiny models and SmolLM2, sampling through a real head)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from methods.eagle import Eagle, EagleConfig
+from methods.eagle3 import Eagle3, Eagle3Config
+from methods.medusa import Medusa, MedusaConfig
+from specbench.core.acceptance import SamplingParams
+from specbench.core.decode import generate
+from specbench.core.draft import DecodeState, Drafter
+from specbench.core.forward import Target
+from specbench.drafting.dynamic_tree import Tree, grow, rerank
+from specbench.drafting.eagle_drafter import head_dir, trained_head_dir
+from specbench.drafting.eagle_head import EagleHead, HeadConfig, eagle3_layers, load_head, save_head
+from specbench.drafting.eagle_training import (
+    draft_vocabulary,
+    evaluate,
+    features_of,
+    offline_conversations,
+    train,
+)
+from specbench.drafting.medusa_head import (
+    MC_SIM_7B_63,
+    MedusaHeads,
+    best_paths,
+    load_medusa,
+    save_medusa,
+    tree_draft,
+)
+from specbench.drafting.medusa_training import evaluate as medusa_evaluate
+from specbench.drafting.medusa_training import train as medusa_train
+from specbench.errors import ConfigError
+from tests.lossless import (
+    HIDDEN,
+    SMALL_VOCAB,
+    BigramModel,
+    assert_greedy_lossless,
+    assert_sampling_preserves_distribution,
+    autoregressive_output,
+    chat,
+)
+
+LN = torch.log
+
+
+# ----------------------------------------------------------------------------- the dynamic tree, by hand
+
+
+def test_the_tree_expands_the_best_nodes_and_keeps_the_best_overall():
+    """Vocabulary of 4, top-2, 3 levels. Root: token 0 at 0.6, 1 at 0.3. Level 2 expands both; the
+    children's cumulative scores pick the 2 best of 4 to expand at level 3; the re-rank keeps the 5 best."""
+    root = LN(torch.tensor([0.6, 0.3, 0.05, 0.05]))
+    children = {  # by parent token path: the draft's distribution after it
+        (0,): [0.1, 0.0, 0.8, 0.1], (1,): [0.0, 0.9, 0.05, 0.05],
+        (0, 2): [0.55, 0.45, 0.0, 0.0], (1, 1): [0.0, 0.0, 0.3, 0.7], (0, 3): [1, 0, 0, 0], (0, 0): [1, 0, 0, 0],
+    }
+    calls = []
+
+    def path(tree: Tree, i: int) -> tuple[int, ...]:
+        out = []
+        while i >= 0:
+            out.append(tree.tokens[i])
+            i = tree.parents[i]
+        return tuple(reversed(out))
+
+    def expand(level, tree):
+        calls.append([path(tree, i) for i in level])
+        return LN(torch.tensor([children[path(tree, i)] for i in level]) + 1e-12)
+
+    tree = grow(root, expand, depth=3, top_k=2)
+    # level 2: (0,2)=.48, (0,0)|(0,3)=.06, (1,1)=.27, (1,2)|(1,3)=.015: the 2 best are (0,2) and (1,1)
+    assert calls == [[(0,), (1,)], [(0, 2), (1, 1)]]
+    assert len(tree.tokens) == 2 + 4 + 4
+    tokens, parents, scores = rerank(tree, 5)
+    # the 5 best: (0) .6, (0,2) .48, (1) .3, (1,1) .27, (0,2,0) .264; in levels, best first
+    chosen = [tuple(tokens[j] for j in _chain(parents, i)) for i in range(len(tokens))]
+    assert chosen == [(0,), (1,), (0, 2), (1, 1), (0, 2, 0)]
+    assert scores == pytest.approx([LN(torch.tensor(v)).item() for v in (0.6, 0.3, 0.48, 0.27, 0.264)], abs=1e-5)
+    assert all(p < i for i, p in enumerate(parents))
+
+
+def _chain(parents: list[int], i: int) -> list[int]:
+    out = []
+    while i >= 0:
+        out.append(i)
+        i = parents[i]
+    return list(reversed(out))
+
+
+def test_rerank_keeps_parents_and_orders_siblings_by_score():
+    tree = Tree()
+    a = tree.add(5, -1, -0.1)
+    tree.add(6, -1, -0.2)
+    tree.add(7, a, -0.15)
+    tree.add(8, a, -0.12)
+    tokens, parents, _ = rerank(tree, 3)  # children may outscore an uncle: 6 is left out
+    assert tokens == [5, 8, 7] and parents == [-1, 0, 0]
+    tokens, parents, _ = rerank(tree, 4)  # by level, each level best first
+    assert tokens == [5, 6, 8, 7] and parents == [-1, -1, 0, 0]
+
+
+# ----------------------------------------------------------------------------- heads in their published formats
+
+
+def tiny_config(kind: str, **kw) -> HeadConfig:
+    base = dict(kind=kind, hidden_size=HIDDEN, intermediate_size=32, num_attention_heads=4, num_key_value_heads=2,
+                vocab_size=SMALL_VOCAB, target_layers=6)
+    return HeadConfig(**{**base, **kw})
+
+
+def target_config(vocab=SMALL_VOCAB, hidden=HIDDEN, layers=6):
+    return SimpleNamespace(hidden_size=hidden, vocab_size=vocab, num_hidden_layers=layers, intermediate_size=32,
+                           num_attention_heads=4, num_key_value_heads=2)
+
+
+def test_eagle1_reference_layout_loads_and_runs(tmp_path):
+    """A random head written as the reference writes EAGLE-1 heads: pytorch_model.bin with ``fc`` (+ bias),
+    ``layers.0.*`` without an input norm, the target's embedding in it, a config without ``bias`` or
+    ``num_key_value_heads``: loads strictly (the embedding ignored) and computes the same as the saved head."""
+    ref = EagleHead(tiny_config("eagle", num_key_value_heads=4))
+    state = {k: v.clone() for k, v in ref.state_dict().items()}
+    assert "fc.bias" in state and not any("input_layernorm" in k for k in state)
+    state["embed_tokens.weight"] = torch.randn(SMALL_VOCAB, HIDDEN)
+    torch.save(state, tmp_path / "pytorch_model.bin")
+    cfg = {"architectures": ["LlamaForCausalLM"], "hidden_size": HIDDEN, "intermediate_size": 32,
+           "num_attention_heads": 4, "num_hidden_layers": 1, "rms_norm_eps": 1e-6, "vocab_size": SMALL_VOCAB}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    head = load_head(tmp_path, target_config())
+    assert head.c.kind == "eagle" and head.c.bias and head.feature_layers == (-1,)
+    x, e = torch.randn(3, HIDDEN), torch.randn(3, HIDDEN)
+    assert torch.equal(head(x, e, torch.arange(3)), ref(x, e, torch.arange(3)))
+
+
+def test_eagle3_reference_layout_loads_and_maps_its_vocabulary(tmp_path):
+    c = tiny_config("eagle3", draft_vocab_size=4)
+    ref = EagleHead(c)
+    ref.d2t.copy_(torch.tensor([1, 1, 2, 4]))  # draft ids 0..3 → target ids 1, 2, 4, 7
+    state = dict(ref.state_dict())
+    assert {"fc.weight", "midlayer.hidden_norm.weight", "midlayer.input_layernorm.weight", "norm.weight",
+            "lm_head.weight", "d2t"} <= set(state) and "fc.bias" not in state
+    assert state["midlayer.self_attn.q_proj.weight"].shape == (HIDDEN, 2 * HIDDEN)
+    state["t2d"] = torch.zeros(SMALL_VOCAB, dtype=torch.bool)
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / "model.safetensors"))
+    cfg = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": HIDDEN, "intermediate_size": 32,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 1, "draft_vocab_size": 4,
+           "vocab_size": SMALL_VOCAB}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    head = load_head(tmp_path, target_config())
+    assert head.c.kind == "eagle3" and head.feature_layers == eagle3_layers(6) == (2, 3, 3)
+    assert head.to_target_ids(torch.arange(4)).tolist() == [1, 2, 4, 7]
+    feats = {2: torch.randn(2, HIDDEN), 3: torch.randn(2, HIDDEN)}
+    assert head.fuse(feats).shape == (2, HIDDEN)
+
+
+def test_head_errors_name_the_fix(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(ConfigError, match="make train-eagle-head MODEL=smollm2-135m"):
+        head_dir("auto", "smollm2-135m", "eagle")
+    with pytest.raises(ConfigError, match="KIND=eagle3"):
+        head_dir("auto", "smollm2-135m", "eagle3")
+    with pytest.raises(ConfigError, match="unreachable"):
+        head_dir("yuhuili/EAGLE-Vicuna-7B-v1.3", "vicuna-7b", "eagle")  # the tests' hub is offline
+    with pytest.raises(ConfigError, match="neither a directory nor a hub repository"):
+        head_dir("no-such-dir", "m", "eagle")
+    save_head(EagleHead(tiny_config("eagle")), tmp_path / "h")
+    with pytest.raises(ConfigError, match="for another model"):
+        load_head(tmp_path / "h", target_config(hidden=32))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="no config.json"):
+        head_dir(str(tmp_path / "empty"), "m", "eagle")
+
+
+# ----------------------------------------------------------------------------- the target's features
+
+
+def test_the_core_hands_drafters_the_accepted_rows_features(tiny_llama):
+    """The features a drafter receives (prompt, then root + accepted guesses each step) equal the target's
+    own hidden states at those positions in one plain forward over the output."""
+    target = Target(tiny_llama.model)
+    got: list[torch.Tensor] = []
+
+    class Echo(Drafter):
+        feature_layers = (-1, 2)
+
+        def prefilled(self, features):
+            got.append(features[-1])
+            assert features[2].shape == features[-1].shape
+
+        def propose(self, state: DecodeState):
+            from specbench.core.draft import Draft
+
+            return Draft.chain([7, 8], "x") if state.step % 2 else Draft.from_sequences([[3], [4, 5]], ["x", "x"])
+
+        def update(self, result):
+            assert set(result.features) == {-1, 2} and len(result.features[-1]) == 1 + result.n_accepted
+            got.append(result.features[-1])
+
+    prompt = [5, 6, 7, 8, 9]
+    rec = generate(target, Echo(vocab_size=128), prompt, max_new_tokens=12)
+    seq = prompt + rec.output_ids
+    with torch.no_grad():
+        ref = tiny_llama.model(input_ids=torch.tensor([seq]), output_hidden_states=True).hidden_states[-1][0]
+    mine = torch.cat(got)
+    n = mine.shape[0]
+    assert n >= len(prompt) + 1 and torch.allclose(mine, ref[:n], atol=1e-4)
+
+
+# ----------------------------------------------------------------------------- drafting, lossless
+
+
+@pytest.fixture(scope="module")
+def tiny_head_dir(tmp_path_factory, tiny_llama):
+    """A head for the tiny Llama, trained for a few seconds on its own features (guesses it sometimes gets right)."""
+    model = tiny_llama.model
+    d = tmp_path_factory.mktemp("eagle_tiny")
+    head = EagleHead(HeadConfig.for_target("eagle", model.config))
+    g = torch.Generator().manual_seed(0)
+    target = Target(model)
+    starts = [torch.randint(3, 128, (4,), generator=g).tolist() for _ in range(16)]
+    seqs = [p + autoregressive_output(target, p, 40) for p in starts]  # the target's own continuations
+    data = features_of(model, seqs, (-1,), progress=False)
+    train(head, model.get_output_embeddings().weight.detach().float(), model.get_input_embeddings(), data[2:],
+          data[:2], epochs=8, lr=2e-3, progress=False)
+    return save_head(head, d / "head")
+
+
+def eagle_drafter(lm, head: str, cls=Eagle, config_cls=EagleConfig, **kw):
+    from specbench.core.draft import DrafterContext
+
+    ctx = DrafterContext(target_model=lm.model, target_name=lm.name)
+    return lambda: cls(config_cls(head=str(head), **kw), vocab_size=lm.vocab_size, context=ctx)
+
+
+PROMPTS = [[5, 6, 7, 8] * 4, [3, 3, 3, 3, 9], list(range(20, 44))]
+
+
+def test_training_lowers_the_heldout_loss_in_seconds(tiny_llama):
+    model = tiny_llama.model
+    g = torch.Generator().manual_seed(1)
+    seqs = [([5, 6, 7, 8] * 8)[i:] + torch.randint(0, 128, (4,), generator=g).tolist() for i in range(10)]
+    data = features_of(model, seqs, (-1,), progress=False)
+    torch.manual_seed(0)
+    head = EagleHead(HeadConfig.for_target("eagle", model.config))
+    lm, emb = model.get_output_embeddings().weight.detach().float(), model.get_input_embeddings()
+    before, _ = evaluate(head, lm, emb, data[:2])
+    state = train(head, lm, emb, data[2:], data[:2], epochs=3, lr=2e-3, progress=False)
+    after, alpha = evaluate(head, lm, emb, data[:2])
+    assert after < 0.8 * before and state["history"][-1]["epoch"] == 3
+    assert 0 <= alpha <= 1
+
+
+def test_training_an_eagle3_head_lowers_its_loss(tiny_llama):
+    """On the target's own continuations (as EAGLE-3 trains), a 32-token draft vocabulary of their most frequent
+    tokens covers the target's next tokens."""
+    model = tiny_llama.model
+    target = Target(model)
+    seqs = [p + autoregressive_output(target, p, 24) for p in ([5, 6, 7, 8], [9, 10], [30, 31, 32], [3] * 4,
+                                                                 [40, 41], [50, 60, 70], [11, 12, 13], [90, 91])]
+    c = HeadConfig.for_target("eagle3", model.config)
+    d2t = draft_vocabulary(seqs, 32)
+    c.draft_vocab_size = d2t.numel()
+    torch.manual_seed(0)
+    head = EagleHead(c)
+    head.d2t.copy_(d2t)
+    used = head.to_target_ids(torch.arange(32)).tolist()
+    common = max(set(sum(seqs, [])), key=sum(seqs, []).count)
+    assert used == sorted(set(used)) and len(used) == 32 and common in used  # ascending, distinct, the frequent
+    data = features_of(model, seqs, (*c.feature_layers(), -1), progress=False)
+    lm, emb = model.get_output_embeddings().weight.detach().float(), model.get_input_embeddings()
+    before, _ = evaluate(head, lm, emb, data[:2])
+    assert before > 0
+    train(head, lm, emb, data[2:], data[:2], epochs=15, lr=3e-3, progress=False)
+    # soft cross-entropy against a random model's flat next-token distributions: its floor, their entropy, is
+    # ~3.4 nats, so the gain is small in absolute terms
+    assert evaluate(head, lm, emb, data[:2])[0] < before - 0.1
+
+
+def test_eagle_is_greedy_lossless_on_the_tiny_llama(tiny_llama, tiny_head_dir):
+    target = Target(tiny_llama.model)
+    recs = assert_greedy_lossless(target, eagle_drafter(tiny_llama, tiny_head_dir, depth=4, top_k=3, total_tokens=10),
+                                  PROMPTS, 40)
+    assert sum(sum(r.step_accepted) for r in recs) > 0  # some guesses accepted: the tree paths were exercised
+
+
+def test_eagle3_is_greedy_lossless_on_the_tiny_gemma(tiny_gemma3, tmp_path):
+    """Sliding-window layers, a random EAGLE-3 head with a reduced vocabulary."""
+    c = HeadConfig.for_target("eagle3", tiny_gemma3.model.config)
+    c.draft_vocab_size = 32
+    torch.manual_seed(0)
+    head = EagleHead(c)
+    head.d2t.copy_(torch.arange(32) * 2 - torch.arange(32))  # the even target ids
+    save_head(head, tmp_path / "h3")
+    assert_greedy_lossless(Target(tiny_gemma3.model),
+                           eagle_drafter(tiny_gemma3, tmp_path / "h3", Eagle3, Eagle3Config, depth=3, top_k=4),
+                           PROMPTS[:2], 24)
+
+
+def test_eagle_is_greedy_lossless_on_smollm2(smollm2, tmp_path):
+    torch.manual_seed(0)
+    save_head(EagleHead(HeadConfig.for_target("eagle", smollm2.model.config)), tmp_path / "h")
+    prompt = chat(smollm2, "Write a Python function that returns the sum of a list.")
+    assert_greedy_lossless(Target(smollm2.model), eagle_drafter(smollm2, tmp_path / "h", depth=3, top_k=4,
+                                                                total_tokens=12),
+                           [prompt], 24, eos=smollm2.eos_token_ids)
+
+
+@pytest.mark.slow  # the contract test checks every head method's sampling too, without the depth requirement
+def test_sampling_through_a_real_head_keeps_the_distribution(tmp_path):
+    torch.manual_seed(0)
+    save_head(EagleHead(tiny_config("eagle")), tmp_path / "h")
+    model = BigramModel()
+    from specbench.core.draft import DrafterContext
+
+    ctx = DrafterContext(target_model=model, target_name="bigram")
+    make = lambda: Eagle(EagleConfig(head=str(tmp_path / "h"), depth=3, top_k=3, total_tokens=10),  # noqa: E731
+                         vocab_size=SMALL_VOCAB, context=ctx)
+    assert_sampling_preserves_distribution(make, SamplingParams(temperature=1.0), trials=1500, extra=3, min_depth=2)
+
+
+def test_the_trained_head_dir_is_per_model_and_kind(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    assert trained_head_dir("smollm2-135m", "eagle3") == tmp_path / "eagle_heads" / "smollm2-135m__eagle3"
+
+
+def test_offline_conversations_exist_and_are_not_evaluation_sets():
+    pairs = offline_conversations()
+    assert len(pairs) > 300 and all(len(a) > 200 for _, a in pairs)
+    assert any(q.startswith("Explain the Python language topic") for q, _ in pairs)
+
+
+# ----------------------------------------------------------------------------- Medusa
+
+
+def test_medusa_tree_from_accuracies_by_hand():
+    """Two heads, ranks 0-2. Products: (0) .6, (1) .2, (2) .1; (0,0) .6·.5 = .3, (0,1) .12, (1,0) .1, …"""
+    acc = [[0.6, 0.2, 0.1], [0.5, 0.2, 0.1]]
+    assert best_paths(acc, 4) == [(0,), (0, 0), (1,), (0, 1)]
+    paths = best_paths(acc, 9)
+    assert len(paths) == 9 and all(p[:-1] in paths for p in paths if len(p) > 1)
+    tokens, parents = tree_draft(paths[:4], [[10, 11, 12], [20, 21, 22]])
+    assert tokens == [10, 11, 20, 21] and parents == [-1, -1, 0, 0]
+    assert tree_draft(MC_SIM_7B_63, [list(range(10))])[0] == list(range(10))  # depth 1 only: the ten ranks
+
+
+def test_medusa_reference_layout_loads(tmp_path):
+    """Written as Medusa's authors publish: medusa_lm_head.pt with "{i}.0.linear.*" and "{i}.1.weight", a
+    config that names 2 heads where the weights hold 3: the weights decide."""
+    ref = MedusaHeads(HIDDEN, SMALL_VOCAB, 3)
+    for p in ref.parameters():
+        torch.nn.init.normal_(p)
+    state = {k.removeprefix("heads."): v for k, v in ref.state_dict().items()}
+    assert {"0.0.linear.weight", "0.0.linear.bias", "0.1.weight", "2.1.weight"} <= set(state)
+    torch.save(state, tmp_path / "medusa_lm_head.pt")
+    (tmp_path / "config.json").write_text(json.dumps({"medusa_num_heads": 2, "medusa_num_layers": 1,
+                                                      "base_model_name_or_path": "lmsys/vicuna-7b-v1.3"}))
+    heads, _ = load_medusa(tmp_path, target_config())
+    x = torch.randn(2, HIDDEN)
+    assert len(heads) == 3 and torch.equal(heads.logits(x), ref.logits(x))
+    with pytest.raises(ConfigError, match="for another model"):
+        load_medusa(tmp_path, target_config(hidden=32))
+    with pytest.raises(ConfigError, match="predict 8 tokens"):
+        load_medusa(tmp_path, target_config(vocab=16))
+
+
+@pytest.fixture(scope="module")
+def tiny_medusa_dir(tmp_path_factory, tiny_llama):
+    model = tiny_llama.model
+    g = torch.Generator().manual_seed(0)
+    target = Target(model)
+    seqs = [p + autoregressive_output(target, p, 40) for p in
+            (torch.randint(3, 128, (4,), generator=g).tolist() for _ in range(16))]
+    data = features_of(model, seqs, (-1,), progress=False)
+    c = model.config
+    torch.manual_seed(0)
+    heads = MedusaHeads(c.hidden_size, c.vocab_size, 3, tied=True)
+    w = model.get_output_embeddings().weight.detach().float()
+    before, acc0 = medusa_evaluate(heads, lambda x: torch.nn.functional.linear(x, w), w, data[:3])
+    state = medusa_train(heads, lambda x: torch.nn.functional.linear(x, w), w, data[3:], data[:3], epochs=6,
+                         lr=3e-3, positions=32, progress=False)
+    best = min(state["history"], key=lambda h: h["heldout_loss"])
+    assert best["heldout_loss"] < before and len(best["accuracy"]) == 3 and len(best["accuracy"][0]) == 10
+    return save_medusa(heads, tmp_path_factory.mktemp("medusa") / "m", {"accuracy": best["accuracy"]})
+
+
+def test_medusa_training_lowers_the_heldout_loss(tiny_medusa_dir):
+    cfg = json.loads((tiny_medusa_dir / "config.json").read_text())
+    assert cfg["tied"] and cfg["medusa_num_heads"] == 3 and len(cfg["accuracy"]) == 3
+
+
+def test_medusa_is_greedy_lossless_on_the_tiny_llama(tiny_llama, tiny_medusa_dir):
+    make = eagle_drafter(tiny_llama, tiny_medusa_dir, Medusa, MedusaConfig, nodes=12)
+    recs = assert_greedy_lossless(Target(tiny_llama.model), make, PROMPTS, 40)
+    assert sum(sum(r.step_drafted) for r in recs) > 0
+    drafter = make()
+    assert len(drafter.paths) == 12 and drafter.paths[0] == (0,)
+
+
+def test_medusa_sampling_keeps_the_distribution(tmp_path):
+    torch.manual_seed(0)
+    save_medusa(MedusaHeads(HIDDEN, SMALL_VOCAB, 2), tmp_path / "m", {"accuracy": [[0.5, 0.3, 0.1], [0.4, 0.2]]})
+    from specbench.core.draft import DrafterContext
+
+    ctx = DrafterContext(target_model=BigramModel(), target_name="bigram")
+    make = lambda: Medusa(MedusaConfig(head=str(tmp_path / "m"), nodes=6), vocab_size=SMALL_VOCAB,  # noqa: E731
+                          context=ctx)
+    assert_sampling_preserves_distribution(make, SamplingParams(temperature=1.0), trials=1500, extra=3, min_depth=2)
+
+
+# ----------------------------------------------------------------------------- SAM-Decoding with EAGLE-2
+
+
+def test_sam_decoding_with_eagle_below_its_threshold_is_lossless(tiny_llama, tiny_head_dir):
+    """Repetitive prompts give long matches (SAM's chains) and the rest EAGLE's trees; the head's cache is fed
+    every step whichever drafted, so its trees stay right after a stretch of matches."""
+    from methods.sam_decoding import SAMDecoding, SAMDecodingConfig
+
+    cfg = dict(auxiliary="eagle", head=str(tiny_head_dir), eagle_depth=3, eagle_top_k=3, eagle_total_tokens=8)
+    make = eagle_drafter(tiny_llama, tiny_head_dir, SAMDecoding, SAMDecodingConfig, **{k: v for k, v in cfg.items()
+                                                                                        if k != "head"})
+    recs = assert_greedy_lossless(Target(tiny_llama.model), make, PROMPTS, 40)
+    sources = set().union(*(r.drafted_by_source for r in recs))
+    assert "head" in sources and make().feature_layers == (-1,)
+
+
+# ----------------------------------------------------------------------------- the training command, end to end
+
+
+def test_train_command_then_a_run_reads_the_head(tmp_path, monkeypatch, capsys):
+    """``python -m specbench.eagle_head`` on the tiny Llama: features once for every head reading the same
+    layer, a head in the cache where ``head: auto`` finds it, training.json with the held-out history; run
+    again, it resumes from its checkpoint; ``run.py method=eagle`` and ``method=medusa`` then decode with them."""
+    from specbench.cli.eagle_head import main
+    from specbench.results.rows import load_results
+    from specbench.run.runner import run
+    from tests.run.test_config import make_cfg
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    args = ["model=tiny-llama", "--conversations", "6", "--max-len", "48", "--epochs", "2", "--lr", "2e-3"]
+    out = main(args)
+    assert out == trained_head_dir("tiny-llama", "eagle") and (out / "model.safetensors").is_file()
+    meta = json.loads((out / "training.json").read_text())
+    assert meta["conversations"] == 6 and [h["epoch"] for h in meta["history"]] == [0, 1, 2]
+    features = list((tmp_path / "cache" / "eagle_heads" / "tiny-llama.features").glob("*.pt"))
+    assert len(features) == 1
+    main(args)
+    assert "resuming after epoch 2" in capsys.readouterr().out
+    medusa = main(["model=tiny-llama", "--kind", "medusa", "--medusa-heads", "2", "--conversations", "6",
+                   "--max-len", "48", "--epochs", "1", "--positions", "8"])
+    assert len(json.loads((medusa / "config.json").read_text())["accuracy"]) == 2
+    assert list((tmp_path / "cache" / "eagle_heads" / "tiny-llama.features").glob("*.pt")) == features  # reused
+    base = ("experiment=smoke", f"results_dir={tmp_path / 'r'}", "progress=false", "limit=1", "max_new_tokens=12")
+    for method in ("eagle-cpu", "medusa-cpu"):
+        run(make_cfg(*base, f"method={method}"))
+    df = load_results(tmp_path / "r")
+    assert set(df.method) >= {"eagle", "medusa"} and (df.tau >= 1).all()
