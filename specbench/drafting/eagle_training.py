@@ -151,40 +151,60 @@ def evaluate(head, lm_weight, embed, data) -> tuple[float, float]:
     return total / max(len(data), 1), right / max(judged, 1)
 
 
-def train(head: EagleHead, lm_weight: torch.Tensor, embed, train_set, heldout_set, *, epochs: int, lr: float,
-          seed: int = 0, state: dict | None = None, on_epoch=None, progress: bool = True) -> dict:
-    """Fit ``head`` (AdamW, betas 0.9/0.95, gradients clipped at 0.5 as the reference does); ``state`` resumes
-    an interrupted run (:func:`on_epoch` receives it after every epoch). The head ends with its best
-    held-out epoch's weights; returns the state (history of held-out loss and α per epoch)."""
-    gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=lr, betas=(0.9, 0.95))
+def fit(module: torch.nn.Module, n_train: int, step_loss, evaluate_now, *, epochs: int, lr: float, seed: int,
+        state: dict | None, on_epoch, desc: str, progress: bool) -> dict:
+    """The loop every head trainer shares: AdamW (betas 0.9/0.95, gradients clipped at 0.5, the references'),
+    ``step_loss(i, rng)`` on each training item in a shuffled order per epoch, ``evaluate_now()`` (a dict with
+    ``heldout_loss``) before training and after every epoch; ``state`` resumes an interrupted run and
+    ``on_epoch`` receives it after every epoch. The module ends with its best held-out epoch's weights."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95))
     if state is None:
-        loss, alpha = evaluate(head, lm_weight, embed, heldout_set)
-        state = {"epoch": 0, "history": [{"epoch": 0, "heldout_loss": loss, "alpha": alpha}],
-                 "best": copy.deepcopy(head.state_dict())}
+        state = {"epoch": 0, "history": [{"epoch": 0, **evaluate_now()}], "best": copy.deepcopy(module.state_dict())}
     else:
-        head.load_state_dict(state["head"])
+        module.load_state_dict(state["head"])
         opt.load_state_dict(state["optimizer"])
-    head.train()
-    order = list(range(len(train_set)))
-    bar = tqdm(range(state["epoch"], epochs), desc="eagle head", unit="epoch", disable=not progress, file=sys.stderr)
+    module.train()
+    order = list(range(n_train))
+    bar = tqdm(range(state["epoch"], epochs), desc=desc, unit="epoch", disable=not progress, file=sys.stderr)
     for epoch in bar:
-        random.Random(seed + epoch).shuffle(order)
+        rng = random.Random(seed + epoch)
+        rng.shuffle(order)
         for i in tqdm(order, desc=f"epoch {epoch + 1}", unit="seq", leave=False, disable=not progress, file=sys.stderr):
-            ids, feats = train_set[i]
-            loss, _, _ = head_loss(head, lm_weight, embed, ids, feats, NOISE, gen)
+            loss = step_loss(i, rng)
+            if loss is None:
+                continue
             opt.zero_grad()
             loss.backward()
-            torch.nn.utils.clip_grad_value_(head.parameters(), 0.5)
+            torch.nn.utils.clip_grad_value_(params, 0.5)
             opt.step()
-        loss, alpha = evaluate(head, lm_weight, embed, heldout_set)
-        state["history"].append({"epoch": epoch + 1, "heldout_loss": loss, "alpha": alpha})
-        if loss <= min(h["heldout_loss"] for h in state["history"]):
-            state["best"] = copy.deepcopy(head.state_dict())
-        state.update(epoch=epoch + 1, head=head.state_dict(), optimizer=opt.state_dict())
-        bar.set_postfix(heldout=f"{loss:.4f}", alpha=f"{alpha:.3f}")
+        module.eval()
+        row = {"epoch": epoch + 1, **evaluate_now()}
+        module.train()
+        state["history"].append(row)
+        if row["heldout_loss"] <= min(h["heldout_loss"] for h in state["history"]):
+            state["best"] = copy.deepcopy(module.state_dict())
+        state.update(epoch=epoch + 1, head=module.state_dict(), optimizer=opt.state_dict())
+        bar.set_postfix(heldout=f"{row['heldout_loss']:.4f}")
         if on_epoch:
             on_epoch(state)
-    head.load_state_dict(state["best"])
-    head.eval()
+    module.load_state_dict(state["best"])
+    module.eval()
     return state
+
+
+def train(head: EagleHead, lm_weight: torch.Tensor, embed, train_set, heldout_set, *, epochs: int, lr: float,
+          seed: int = 0, state: dict | None = None, on_epoch=None, progress: bool = True) -> dict:
+    """Fit ``head`` with EAGLE's loss (:func:`fit`); the state's history holds the held-out loss and α per epoch."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def step_loss(i, _rng):
+        ids, feats = train_set[i]
+        return head_loss(head, lm_weight, embed, ids, feats, NOISE, gen)[0]
+
+    def evaluate_now():
+        loss, alpha = evaluate(head, lm_weight, embed, heldout_set)
+        return {"heldout_loss": loss, "alpha": alpha}
+
+    return fit(head, len(train_set), step_loss, evaluate_now, epochs=epochs, lr=lr, seed=seed, state=state,
+               on_epoch=on_epoch, desc="eagle head", progress=progress)

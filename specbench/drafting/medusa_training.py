@@ -11,13 +11,9 @@ Held-out: each head's top-10 accuracy by rank (how often its r-th token is the t
 
 from __future__ import annotations
 
-import copy
-import random
-import sys
-
 import torch
-from tqdm.auto import tqdm
 
+from specbench.drafting.eagle_training import fit
 from specbench.drafting.medusa_head import MedusaHeads
 
 DECAY = 0.8  # Medusa's per-head loss weight: 0.8^i
@@ -72,42 +68,21 @@ def evaluate(heads: MedusaHeads, lm_head, lm_weight, data) -> tuple[float, list[
 
 def train(heads: MedusaHeads, lm_head, lm_weight, train_set, heldout_set, *, epochs: int, lr: float,
           positions: int = 128, seed: int = 0, state: dict | None = None, on_epoch=None, progress: bool = True) -> dict:
-    """Fit the heads' residual blocks (and projections, untied); resumable like the EAGLE trainer. The heads
-    end with the best held-out epoch's weights; the state's history holds loss and accuracies per epoch."""
-    params = [p for p in heads.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95))
-    if state is None:
-        loss, acc = evaluate(heads, lm_head, lm_weight, heldout_set)
-        state = {"epoch": 0, "history": [{"epoch": 0, "heldout_loss": loss, "accuracy": acc}],
-                 "best": copy.deepcopy(heads.state_dict())}
-    else:
-        heads.load_state_dict(state["head"])
-        opt.load_state_dict(state["optimizer"])
+    """Fit the heads' residual blocks (and projections, untied) with the shared loop
+    (:func:`specbench.drafting.eagle_training.fit`); the state's history holds loss and accuracies per epoch."""
     k = len(heads)
-    bar = tqdm(range(state["epoch"], epochs), desc="medusa heads", unit="epoch", disable=not progress, file=sys.stderr)
-    for epoch in bar:
-        rng = random.Random(seed + epoch)
-        order = list(range(len(train_set)))
-        rng.shuffle(order)
-        for i in tqdm(order, desc=f"epoch {epoch + 1}", unit="seq", leave=False, disable=not progress, file=sys.stderr):
-            _ids, feats = train_set[i]
-            m = usable_rows(feats[-1].shape[0], k)
-            if not m:
-                continue
-            rows = torch.tensor(sorted(rng.sample(range(m), min(positions, m))))
-            loss = medusa_loss(heads, lm_head, lm_weight, feats, rows)
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_value_(params, 0.5)
-            opt.step()
+
+    def step_loss(i, rng):
+        feats = train_set[i][1]
+        m = usable_rows(feats[-1].shape[0], k)
+        if not m:
+            return None
+        rows = torch.tensor(sorted(rng.sample(range(m), min(positions, m))))
+        return medusa_loss(heads, lm_head, lm_weight, feats, rows)
+
+    def evaluate_now():
         loss, acc = evaluate(heads, lm_head, lm_weight, heldout_set)
-        state["history"].append({"epoch": epoch + 1, "heldout_loss": loss, "accuracy": acc})
-        if loss <= min(h["heldout_loss"] for h in state["history"]):
-            state["best"] = copy.deepcopy(heads.state_dict())
-        state.update(epoch=epoch + 1, head=heads.state_dict(), optimizer=opt.state_dict())
-        bar.set_postfix(heldout=f"{loss:.4f}", top1=" ".join(f"{a[0]:.2f}" for a in acc))
-        if on_epoch:
-            on_epoch(state)
-    heads.load_state_dict(state["best"])
-    heads.eval()
-    return state
+        return {"heldout_loss": loss, "accuracy": acc}
+
+    return fit(heads, len(train_set), step_loss, evaluate_now, epochs=epochs, lr=lr, seed=seed, state=state,
+               on_epoch=on_epoch, desc="medusa heads", progress=progress)
