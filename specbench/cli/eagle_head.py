@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> Path:
     kind_cfg = HeadConfig.for_target("eagle" if medusa else args.kind, model.config)
     layers = tuple(dict.fromkeys((*kind_cfg.feature_layers(), -1)))
     names = "_".join(str(i) for i in layers)  # EAGLE and Medusa read the same layer: one file serves both
-    data_file = out.parent / f"{loaded.name}.features" / f"layers{names}-{len(sequences)}x{args.max_len}.pt"
+    cache = trained_head_dir(loaded.name, args.kind).parent  # the cache's, wherever --out puts the head
+    data_file = cache / f"{loaded.name}.features" / f"layers{names}-{len(sequences)}x{args.max_len}.pt"
     data_file.parent.mkdir(parents=True, exist_ok=True)
     if data_file.is_file():
         data = torch.load(data_file, weights_only=False)
