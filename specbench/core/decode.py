@@ -37,8 +37,6 @@ def _record_step(record: GenerationRecord, kept: int, seconds: float, drafted: i
 
 def _accepted_rows(features: dict[int, torch.Tensor], path: list[int]) -> dict[int, torch.Tensor]:
     """The block's hidden states of the root and the accepted guesses (rows 0 and 1 + i), where they live."""
-    if not path:
-        return {layer: h[:1] for layer, h in features.items()}
     rows = [0] + [1 + i for i in path]
     if rows == list(range(len(rows))):
         return {layer: h[: len(rows)] for layer, h in features.items()}
