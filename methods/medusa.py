@@ -19,7 +19,7 @@ import torch
 
 from methods.registry import register_method
 from specbench.core.draft import SOURCE_HEAD, DecodeState, Draft, Drafter, VerifyResult
-from specbench.drafting.eagle_drafter import head_dir
+from specbench.drafting.eagle_drafter import head_dir, published_head
 from specbench.drafting.medusa_head import MC_SIM_7B_63, best_paths, load_medusa, tree_draft
 from specbench.errors import ConfigError
 
@@ -28,7 +28,7 @@ TREES = ("auto", "mc_sim_7b_63")
 
 @dataclass
 class MedusaConfig:
-    head: str = "auto"  # auto (trained here: make train-eagle-head KIND=medusa) | a directory | a hub repo
+    head: str = "auto"  # auto (published for the model, else trained) | trained | a directory | a hub repo
     tree: str = "auto"  # auto: built from the head's measured accuracies | mc_sim_7b_63
     nodes: int = 63  # the tree's size under tree=auto
 
@@ -48,14 +48,17 @@ class Medusa(Drafter):
 
     @classmethod
     def preflight(cls, config: MedusaConfig, run_cfg: Any) -> None:
-        head_dir(config.head, run_cfg.model.name, cls.KIND, fetch=False)
+        head_dir(config.head, run_cfg.model.name, cls.KIND, fetch=False,
+                 published=published_head(run_cfg.model, cls.KIND))
 
     def __init__(self, config: MedusaConfig | None = None, **kwargs) -> None:
         super().__init__(config, **kwargs)
         target = self.context.target_model
         if target is None:
             raise ConfigError("medusa: needs the target model (DrafterContext.target_model)")
-        heads, meta = load_medusa(head_dir(self.config.head, self.context.target_name, self.KIND), target.config)
+        path = head_dir(self.config.head, self.context.target_name, self.KIND,
+                        published=self.context.target_heads.get(self.KIND))
+        heads, meta = load_medusa(path, target.config)
         self.lm_head = target.get_output_embeddings()
         w = self.lm_head.weight
         self.heads = heads.to(device=w.device, dtype=w.dtype).eval()

@@ -49,7 +49,7 @@ from specbench.core.draft import (
     check_memory,
 )
 from specbench.drafting.automaton import SuffixAutomaton
-from specbench.drafting.eagle_drafter import EagleSettings, HeadDrafter, head_dir
+from specbench.drafting.eagle_drafter import EagleSettings, HeadDrafter, head_dir, published_head
 from specbench.drafting.recycling import Recycler, check_tree
 from specbench.stores.naming import open_store, prepare_store
 
@@ -65,7 +65,7 @@ class SAMDecodingConfig:
     static_max_tokens: int = 2_000_000  # corpus tokens the static automaton holds (read from the start)
     allow_overlap: bool = False  # run even if the store was generated from this run's prompts
     auxiliary: str = "recycling"  # below the threshold: recycling (Token Recycling's tree) | eagle (EAGLE-2) | none
-    head: str = "auto"  # auxiliary eagle: the EAGLE head (auto: the one trained here; a directory; a hub repo)
+    head: str = "auto"  # auxiliary eagle's head: auto (published, else trained here) | trained | a dir | a hub repo
     eagle_depth: int = 6  # auxiliary eagle: EAGLE-2's tree (levels, top-k, tokens with the root)
     eagle_top_k: int = 10
     eagle_total_tokens: int = 60
@@ -109,7 +109,8 @@ class SAMDecoding(ScopedMemory, Drafter):
         if config.datastore:
             prepare_store(cls.name, config, run_cfg)
         if config.auxiliary == "eagle":
-            head_dir(config.head, run_cfg.model.name, "eagle", fetch=False)
+            head_dir(config.head, run_cfg.model.name, "eagle", fetch=False,
+                     published=published_head(run_cfg.model, "eagle"))
 
     def __init__(self, config: SAMDecodingConfig | None = None, **kwargs) -> None:
         super().__init__(config, **kwargs)

@@ -303,6 +303,8 @@ class DrafterContext:
       dtype, with the same one-line errors.
     * ``target_model``, ``target_name``: the target itself (self-drafting shares
       its weights) and its preset name (the identity of trained heads).
+    * ``target_heads``: the draft heads published for the target ({kind: hub repository}, the model
+      preset's ``heads``), what ``head: auto`` reads first.
     * ``hardware``: the target's hardware config.
     """
 
@@ -313,6 +315,7 @@ class DrafterContext:
     target_model: torch.nn.Module | None = None
     target_name: str = ""
     hardware: Any = None
+    target_heads: dict[str, str] = field(default_factory=dict)
 
 
 class Drafter:

@@ -12,9 +12,11 @@ entries are cropped at the next step, when true features replace them.
 The draft is deterministic (top-k tokens, no ``q``): sampling verifies it with the core's multi-candidate
 rule for deterministic trees, so the target's distribution is kept; greedy output is the target's.
 
-Where the head is read from (``head``): ``auto`` is the head trained here for this target
-(``make train-eagle-head``, kept in ``$SPECBENCH_CACHE/eagle_heads/<model>__<kind>/``); a directory; or a
-hub repository (``owner/name``) in EAGLE's published format, fetched when the hub is reachable.
+Where the head is read from (``head``): ``auto`` is the head its authors published for this target when the
+model preset names one (``heads:`` in ``conf/model/<model>.yaml``, e.g. ``yuhuili/EAGLE-Vicuna-7B-v1.3``),
+else the head trained here; ``trained`` is the head trained here (``make train-eagle-head``, kept in
+``$SPECBENCH_CACHE/eagle_heads/<model>__<kind>/``); a directory; or a hub repository (``owner/name``) in
+the published format, fetched when the hub is reachable.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from specbench.models.packed import PackedLinear, pack_linears
 from specbench.paths import cache_root
 
 AUTO = "auto"
+TRAINED = "trained"
 
 
 @dataclass
@@ -40,7 +43,7 @@ class EagleSettings:
     """The head and EAGLE-2's dynamic tree: ``depth`` levels, the ``top_k`` best children of the ``top_k``
     best nodes per level, the ``total_tokens - 1`` best nodes kept (the reference counts the root)."""
 
-    head: str = AUTO  # auto | a directory | a hub repository (owner/name)
+    head: str = AUTO  # auto | trained | a directory | a hub repository (owner/name)
     depth: int = 6
     top_k: int = 10
     total_tokens: int = 60
@@ -59,9 +62,18 @@ def train_command(target: str, kind: str) -> str:
     return f"make train-eagle-head MODEL={target}" + ("" if kind == "eagle" else f" KIND={kind}")
 
 
-def head_dir(head: str, target: str, kind: str, fetch: bool = True) -> Path:
-    """The directory to read the head from; a hub repository is fetched (``fetch``) or found in the hub's cache."""
-    if head == AUTO:
+def published_head(model_cfg, kind: str) -> str | None:
+    """The hub repository of the head published for this model preset (its ``heads.<kind>``), if any."""
+    heads = (model_cfg.get("heads") if model_cfg is not None else None) or {}
+    return heads.get(kind) or None
+
+
+def head_dir(head: str, target: str, kind: str, fetch: bool = True, published: str | None = None) -> Path:
+    """The directory to read the head from; a hub repository is fetched (``fetch``) or found in the hub's cache.
+    ``published``: the head the model preset names for ``kind`` (what ``auto`` reads first)."""
+    if head == AUTO and published:
+        return head_dir(published, target, kind, fetch)
+    if head in (AUTO, TRAINED):
         path = trained_head_dir(target, kind)
         if not (path / "config.json").is_file():
             raise ConfigError(f"{kind}: no head trained for '{target}' ({path}): train one with "
@@ -80,7 +92,7 @@ def head_dir(head: str, target: str, kind: str, fetch: bool = True) -> Path:
 def hub_head(repo: str, kind: str, fetch: bool) -> Path:
     from huggingface_hub import snapshot_download
 
-    patterns = ["config.json", "*.safetensors", "pytorch_model.bin"]
+    patterns = ["config.json", "*.safetensors", "pytorch_model.bin", "medusa_lm_head.pt"]
     try:
         return Path(snapshot_download(repo, allow_patterns=patterns, local_files_only=True))
     except Exception:  # noqa: BLE001 - not in the cache: fetch it below
@@ -90,8 +102,8 @@ def hub_head(repo: str, kind: str, fetch: bool) -> Path:
     if not fetch:
         return Path()  # preflight: the run fetches it
     if hub.offline_forced() or not hub.reachable():
-        raise ConfigError(f"{kind}: head '{repo}' is not in the hub cache and the hub is unreachable: "
-                          "download it where there is internet (huggingface-cli download) or set method.head=<dir>")
+        raise ConfigError(f"{kind}: head '{repo}' is not in the hub cache and the hub is unreachable: download it "
+                          f"where there is internet (hf download {repo}), or set method.head=trained or =<dir>")
     try:
         return Path(snapshot_download(repo, allow_patterns=patterns))
     except Exception as err:  # noqa: BLE001 - one line for a missing or gated repository
@@ -120,14 +132,16 @@ class HeadDrafter(Drafter):
 
     @classmethod
     def preflight(cls, config: EagleSettings, run_cfg: Any) -> None:
-        head_dir(config.head, run_cfg.model.name, cls.KIND, fetch=False)
+        head_dir(config.head, run_cfg.model.name, cls.KIND, fetch=False,
+                 published=published_head(run_cfg.model, cls.KIND))
 
     def __init__(self, config: EagleSettings | None = None, **kwargs) -> None:
         super().__init__(config, **kwargs)
         target = self.context.target_model
         if target is None:
             raise ConfigError(f"{self.name}: needs the target model (DrafterContext.target_model)")
-        head = load_head(head_dir(self.config.head, self.context.target_name, self.KIND), target.config)
+        head = load_head(head_dir(self.config.head, self.context.target_name, self.KIND,
+                                  published=self.context.target_heads.get(self.KIND)), target.config)
         if head.c.kind != self.KIND:
             raise ConfigError(f"{self.name}: the head in {self.config.head} is an {head.c.kind} head: "
                               f"use method={head.c.kind}")

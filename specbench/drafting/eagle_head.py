@@ -12,6 +12,9 @@
   logits over a reduced draft vocabulary, mapped to the target's by ``d2t`` (target id = draft id +
   ``d2t[draft id]``). Deeper draft steps feed the layer's own output back (no ``fc``).
 
+Positions are rotated as the config says: plain RoPE at ``rope_theta``, or a ``rope_scaling`` (``rope_parameters``)
+of any type transformers knows (``linear`` and ``dynamic`` as EAGLE's reference applies them, ``llama3``, ``yarn``…).
+
 Both read ``config.json`` (a one-layer ``LlamaConfig``) and ``pytorch_model.bin`` or ``model.safetensors``
 with the reference's key names (``fc.weight``, ``layers.0.self_attn.q_proj.weight``, ``midlayer.…``,
 ``d2t``); :func:`save_head` writes the same, so a head trained here and one from the hub load alike. The
@@ -56,17 +59,27 @@ class HeadConfig:
     draft_vocab_size: int = 0  # EAGLE-3's reduced vocabulary (0: the target's)
     target_layers: int = 0  # the target's decoder layers (EAGLE-3's feature indices depend on it)
     head_dim: int = 0
+    rope_scaling: dict | None = None  # transformers' rope_scaling ({"rope_type" or "type": …, "factor": …})
+    max_position_embeddings: int = 2048  # what ``dynamic`` scaling measures positions against
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ConfigError(f"eagle head: kind must be one of {', '.join(KINDS)}, got '{self.kind}'")
         self.head_dim = self.head_dim or self.hidden_size // self.num_attention_heads
+        self.rope_scaling = scaling_of(self.rope_scaling)
+        if self.rope_scaling is not None:
+            from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+            kind = self.rope_scaling["rope_type"]
+            if kind not in ROPE_INIT_FUNCTIONS:
+                raise ConfigError(f"eagle head: rope scaling '{kind}' is not one transformers knows "
+                                  f"({', '.join(ROPE_INIT_FUNCTIONS)})")
 
     @classmethod
     def for_target(cls, kind: str, target_config, draft_vocab_size: int = 0) -> HeadConfig:
         """A fresh head shaped like one layer of the target."""
         c = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
-        rope = getattr(c, "rope_parameters", None) or {}
+        rope = getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {}
         return cls(kind=kind, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
                    num_attention_heads=c.num_attention_heads,
                    num_key_value_heads=getattr(c, "num_key_value_heads", None) or c.num_attention_heads,
@@ -74,7 +87,8 @@ class HeadConfig:
                    rope_theta=float(rope.get("rope_theta", getattr(c, "rope_theta", 10000.0))),
                    bias=True, vocab_size=c.vocab_size,
                    draft_vocab_size=draft_vocab_size if kind == "eagle3" else 0,
-                   target_layers=c.num_hidden_layers, head_dim=getattr(c, "head_dim", 0) or 0)
+                   target_layers=c.num_hidden_layers, head_dim=getattr(c, "head_dim", 0) or 0,
+                   rope_scaling=dict(rope), max_position_embeddings=getattr(c, "max_position_embeddings", 2048))
 
     def feature_layers(self) -> tuple[int, ...]:
         return eagle3_layers(self.target_layers) if self.kind == "eagle3" else (-1,)
@@ -86,7 +100,10 @@ class HeadConfig:
                "hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
                "num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_key_value_heads,
                "head_dim": self.head_dim, "rms_norm_eps": self.rms_norm_eps, "rope_theta": self.rope_theta,
-               "vocab_size": self.vocab_size, "bias": self.bias, "target_num_hidden_layers": self.target_layers}
+               "vocab_size": self.vocab_size, "bias": self.bias, "target_num_hidden_layers": self.target_layers,
+               "max_position_embeddings": self.max_position_embeddings}
+        if self.rope_scaling is not None:
+            out["rope_scaling"] = self.rope_scaling
         if self.kind == "eagle3":
             out["draft_vocab_size"] = self.draft_vocab_size or self.vocab_size
         return out
@@ -96,9 +113,12 @@ class HeadConfig:
         kind = "eagle3" if "draft_vocab_size" in data or any("Eagle3" in a for a in data.get("architectures", [])) \
             else "eagle"
         heads = data["num_attention_heads"]
+        rope = data.get("rope_scaling") or data.get("rope_parameters") or {}
+        theta = data.get("rope_theta") or rope.get("rope_theta") or 10000.0
         return cls(kind=kind, hidden_size=data["hidden_size"], intermediate_size=data["intermediate_size"],
                    num_attention_heads=heads, num_key_value_heads=data.get("num_key_value_heads") or heads,
-                   rms_norm_eps=data.get("rms_norm_eps", 1e-6), rope_theta=data.get("rope_theta", 10000.0),
+                   rms_norm_eps=data.get("rms_norm_eps", 1e-6), rope_theta=float(theta), rope_scaling=rope,
+                   max_position_embeddings=data.get("max_position_embeddings") or 2048,
                    bias=data.get("bias", True), vocab_size=data.get("vocab_size", 0),
                    draft_vocab_size=data.get("draft_vocab_size", 0) if kind == "eagle3" else 0,
                    target_layers=data.get("target_num_hidden_layers", target_layers),
@@ -115,14 +135,54 @@ class RMSNorm(nn.Module):
         return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
 
 
-def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary embedding (Llama's half-split layout) of ``x`` [heads, n, d] at ``positions`` [n]."""
-    d = x.shape[-1]
-    inv = 1.0 / theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
-    ang = positions.to(torch.float32)[:, None] * inv[None]
-    cos, sin = torch.cat([ang, ang], -1).cos().to(x.dtype), torch.cat([ang, ang], -1).sin().to(x.dtype)
-    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
-    return x * cos + torch.cat([-x2, x1], -1) * sin
+def scaling_of(rope: dict | None) -> dict | None:
+    """A config's RoPE scaling with its type under ``rope_type`` (old configs say ``type``), or None for plain RoPE."""
+    rope = {k: v for k, v in (rope or {}).items() if k != "rope_theta"}
+    kind = rope.pop("rope_type", None) or rope.pop("type", None)
+    rope.pop("type", None)
+    return None if kind in (None, "default") else {"rope_type": kind, **rope}
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding (Llama's half-split layout) as a head's config gives it."""
+
+    def __init__(self, c: HeadConfig) -> None:
+        super().__init__()
+        self.c = c
+        self.scale = 1.0  # transformers' attention factor (yarn, longrope)
+        self.inv: torch.Tensor | None = None
+        self.inv_len = 0  # the positions ``dynamic`` scaling computed ``inv`` for
+
+    def frequencies(self, device, length: int) -> torch.Tensor:
+        c = self.c
+        dynamic = c.rope_scaling is not None and c.rope_scaling["rope_type"] == "dynamic"
+        if self.inv is None or self.inv.device != device or (dynamic and length > self.inv_len):
+            if c.rope_scaling is None:
+                d = c.head_dim
+                self.inv = 1.0 / c.rope_theta ** (torch.arange(0, d, 2, device=device, dtype=torch.float32) / d)
+            else:
+                from transformers import LlamaConfig
+                from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+                cfg = LlamaConfig(hidden_size=c.hidden_size, num_attention_heads=c.num_attention_heads,
+                                  head_dim=c.head_dim, rope_theta=c.rope_theta, rope_scaling=dict(c.rope_scaling),
+                                  max_position_embeddings=max(c.max_position_embeddings,
+                                                              c.rope_scaling.get("original_max_position_embeddings", 0)))
+                inv, self.scale = ROPE_INIT_FUNCTIONS[c.rope_scaling["rope_type"]](
+                    cfg, device, **({"seq_len": max(length, c.max_position_embeddings)} if dynamic else {}))
+                self.inv = inv.float()
+            self.inv_len = max(length, c.max_position_embeddings)
+        return self.inv
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """``x`` [heads, n, d] rotated to ``positions`` [n]."""
+        d = x.shape[-1]
+        inv = self.frequencies(x.device, int(positions.max()) + 1 if positions.numel() else 0)
+        ang = positions.to(torch.float32)[:, None] * inv[None]
+        ang = torch.cat([ang, ang], -1)
+        cos, sin = (ang.cos() * self.scale).to(x.dtype), (ang.sin() * self.scale).to(x.dtype)
+        x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+        return x * cos + torch.cat([-x2, x1], -1) * sin
 
 
 class HeadCache:
@@ -153,6 +213,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(in_size, c.num_key_value_heads * c.head_dim, bias=False)
         self.v_proj = nn.Linear(in_size, c.num_key_value_heads * c.head_dim, bias=False)
         self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
+        self.rotary = Rotary(c)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: HeadCache | None,
                 visible: torch.Tensor | None) -> torch.Tensor:
@@ -161,7 +222,7 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(n, c.num_attention_heads, c.head_dim).transpose(0, 1)
         k = self.k_proj(x).view(n, c.num_key_value_heads, c.head_dim).transpose(0, 1)
         v = self.v_proj(x).view(n, c.num_key_value_heads, c.head_dim).transpose(0, 1)
-        q, k = rotate(q, positions, c.rope_theta), rotate(k, positions, c.rope_theta)
+        q, k = self.rotary(q, positions), self.rotary(k, positions)
         if cache is not None:
             k, v = cache.append(k, v)
         group = c.num_attention_heads // c.num_key_value_heads

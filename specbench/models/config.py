@@ -15,7 +15,8 @@ from specbench.paths import CONF_DIR, conf_choices
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 MODEL_KEYS = ("name", "hub_id", "path", "gguf", "tiny", "dtype", "revision", "chat", "chat_template", "params_b",
-              "quantization", "domain")
+              "quantization", "domain", "heads")
+HEAD_KINDS = ("eagle", "eagle3", "medusa")  # published draft heads a preset may name (methods eagle, eagle3, medusa)
 DOMAINS = ("chat", "code")  # which corpus ``datastore: auto`` reads (specbench.stores.naming.DOMAIN_CORPORA)
 QUANTIZATIONS = ("int8",)  # bitsandbytes LLM.int8 weights (paper Table 6: Llama-2-70B on one GPU)
 DEVICES = ("cpu", "cuda", "auto")
@@ -54,6 +55,11 @@ def model_config_check(model_cfg, hardware_cfg=None) -> None:
         raise ModelLoadError(f"model '{name}': params_b must be a non-negative number of billions, got {params_b!r}")
     if cfg.get("domain") is not None and cfg.get("domain") not in DOMAINS:
         raise ModelLoadError(f"model '{name}': domain must be one of {', '.join(DOMAINS)}, got {cfg.get('domain')!r}")
+    heads = cfg.get("heads") or {}
+    if not isinstance(heads, dict) or any(k not in HEAD_KINDS or not isinstance(v, str) or v.count("/") != 1
+                                          for k, v in heads.items()):
+        raise ModelLoadError(f"model '{name}': heads must map {', '.join(HEAD_KINDS)} to hub repositories "
+                             f"(owner/name), got {heads!r}")
     if not isinstance(cfg.get("chat", True), bool):
         raise ModelLoadError(f"model '{name}': chat must be true or false, got {cfg.get('chat')!r}")
     hw = _hardware(hardware_cfg) if hardware_cfg is not None else None

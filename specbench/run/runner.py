@@ -106,6 +106,7 @@ class Measurement:
             target_model=loaded.model,
             target_name=loaded.name,
             hardware=job.hardware,
+            target_heads=dict(job.model_cfg.get("heads") or {}),
         )
         self.drafters = {
             name: get_method(name)(job.config_of(name), vocab_size=loaded.vocab_size, seed=job.seed,

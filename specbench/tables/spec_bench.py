@@ -27,8 +27,9 @@ import pandas as pd
 from specbench.data.chat import SPEC_BENCH_CATEGORIES, spec_bench_category
 
 LEADERBOARD_FILE = "leaderboard.csv"
-# Our method → Spec-Bench's name for it (methods both have). SAM-Decoding is not mapped: Spec-Bench's
-# SAMD row drafts with EAGLE-2, ours with Token Recycling's tree.
+# Our method → Spec-Bench's name for it (methods both have). Our ``eagle`` drafts EAGLE-2's dynamic tree
+# with an EAGLE-1 head, which is Spec-Bench's EAGLE2 row. SAM-Decoding is matched by preset: Spec-Bench's
+# SAMD row drafts with EAGLE-2 (our sam_decoding-eagle), the plain preset with Token Recycling's tree.
 SPEC_BENCH_NAMES = {
     "autoregressive": "Autoregressive",
     "pld": "PLD",
@@ -36,7 +37,11 @@ SPEC_BENCH_NAMES = {
     "rest": "REST",
     "lookahead": "Lookahead",
     "token_recycling": "Recycling",
+    "eagle": "EAGLE2",
+    "eagle3": "EAGLE3",
+    "medusa": "Medusa",
 }
+SPEC_BENCH_PRESETS = {"sam_decoding-eagle": "SAMD[EAGLE2]"}
 DEFAULT_PUBLISHED = ("A100", "Vicuna-7B-v1.3")
 
 
@@ -114,7 +119,7 @@ def spec_bench_table(df: pd.DataFrame, paper: dict, compare: dict[str, str] | No
     records, rows, shown = [], [], set()
     for _, r in overall.sort_values(["model", "preset"]).iterrows():
         pick = published_row_for(board, str(r["model"]), str(r.get("device_name", "")))
-        name = SPEC_BENCH_NAMES.get(str(r["method"]))
+        name = SPEC_BENCH_PRESETS.get(str(r["preset"])) or SPEC_BENCH_NAMES.get(str(r["method"]))
         pub = None
         if pick is not None and name is not None:
             match = board[(board["device"] == pick[0]) & (board["model"] == pick[1]) & (board["method"] == name)]

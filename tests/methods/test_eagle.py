@@ -179,6 +179,73 @@ def test_head_errors_name_the_fix(tmp_path, monkeypatch):
         head_dir(str(tmp_path / "empty"), "m", "eagle")
 
 
+def test_auto_reads_the_head_published_for_the_model_else_the_one_trained_here(tmp_path, monkeypatch):
+    """``head: auto`` goes to the hub repository the model preset names (here not cached and the hub offline,
+    so the error names it and the alternatives); with none named, and with ``trained``, the cache's head."""
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(ConfigError, match=r"hf download yuhuili/EAGLE-Vicuna-7B-v1\.3.*method.head=trained"):
+        head_dir("auto", "vicuna-7b", "eagle", published="yuhuili/EAGLE-Vicuna-7B-v1.3")
+    save_head(EagleHead(tiny_config("eagle")), trained_head_dir("vicuna-7b", "eagle"))
+    assert head_dir("trained", "vicuna-7b", "eagle", published="yuhuili/EAGLE-Vicuna-7B-v1.3") \
+        == trained_head_dir("vicuna-7b", "eagle")
+    assert head_dir("auto", "vicuna-7b", "eagle", published=None) == trained_head_dir("vicuna-7b", "eagle")
+    with pytest.raises(ConfigError, match="unreachable"):  # auto still prefers the published head
+        head_dir("auto", "vicuna-7b", "eagle", published="yuhuili/EAGLE-Vicuna-7B-v1.3")
+
+
+def test_paper_models_name_their_published_heads():
+    """The presets of the paper's and Spec-Bench's models name the official heads, each the right kind,
+    and a preset's ``heads`` is checked before any run."""
+    from omegaconf import OmegaConf
+
+    from specbench.drafting.eagle_drafter import published_head
+    from specbench.errors import ModelLoadError
+    from specbench.models.config import model_config_check
+    from specbench.paths import CONF_DIR
+
+    want = {"vicuna-7b": ("eagle", "medusa"), "vicuna-13b": ("eagle", "eagle3", "medusa"),
+            "llama2-7b": ("eagle",), "llama2-13b": ("eagle",), "llama2-70b": ("eagle",),
+            "llama3.1-8b": ("eagle", "eagle3")}
+    for model, kinds in want.items():
+        cfg = OmegaConf.load(CONF_DIR / "model" / f"{model}.yaml")
+        model_config_check(cfg)
+        for kind in kinds:
+            repo = published_head(cfg, kind)
+            prefix = {"eagle": "yuhuili/EAGLE-", "eagle3": "yuhuili/EAGLE3-", "medusa": "FasterDecoding/medusa-"}[kind]
+            assert repo.startswith(prefix), (model, kind, repo)
+    assert published_head(OmegaConf.load(CONF_DIR / "model" / "smollm2-135m.yaml"), "eagle") is None
+    bad = OmegaConf.load(CONF_DIR / "model" / "vicuna-7b.yaml")
+    bad.heads = {"eagle2": "yuhuili/EAGLE-Vicuna-7B-v1.3"}
+    with pytest.raises(ModelLoadError, match="heads must map eagle, eagle3, medusa"):
+        model_config_check(bad)
+
+
+@pytest.mark.parametrize("scaling", [None, {"type": "linear", "factor": 2.0}, {"type": "dynamic", "factor": 2.0},
+                                     {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 64}])
+def test_head_positions_rotate_as_transformers_llama_does(scaling, tmp_path):
+    """A head's RoPE, with the scalings hub configs carry (the reference's linear and dynamic, Llama 3.1's),
+    equals transformers' Llama rotary embedding past the trained length; it survives save and load."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+    from specbench.drafting.eagle_head import Rotary
+
+    c = tiny_config("eagle", rope_theta=500000.0, rope_scaling=scaling, max_position_embeddings=128)
+    save_head(EagleHead(c), tmp_path)
+    loaded = load_head(tmp_path, target_config())
+    assert loaded.c.rope_scaling == c.rope_scaling and loaded.c.rope_theta == 500000.0
+    x, pos = torch.randn(4, 300, HIDDEN // 4), torch.arange(300)
+    kw = {"rope_scaling": dict(scaling)} if scaling else {}
+    reference = LlamaRotaryEmbedding(LlamaConfig(hidden_size=HIDDEN, num_attention_heads=4, rope_theta=500000.0,
+                                                 max_position_embeddings=128, **kw))
+    cos, sin = reference(x[None], pos[None])
+    want, _ = apply_rotary_pos_emb(x[None], x[None], cos, sin)
+    torch.testing.assert_close(Rotary(loaded.c)(x, pos), want[0], atol=1e-5, rtol=1e-5)
+    if scaling:  # and the scaling matters: plain RoPE differs
+        assert not torch.allclose(Rotary(tiny_config("eagle", rope_theta=500000.0))(x, pos), want[0], atol=1e-3)
+
+
 # ----------------------------------------------------------------------------- the target's features
 
 

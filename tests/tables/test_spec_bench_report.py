@@ -24,6 +24,9 @@ BOARD = (
     "3090,Vicuna-7B-v1.3,PLD,1.64,1.15,2.46,1.28,1.72,1.71,1.73,1.64\n"
     "A100,Vicuna-7B-v1.3,PLD,1.60,1.06,2.66,1.19,1.62,1.86,1.75,1.66\n"
     "A100,Vicuna-13B-v1.3,PLD,1.50,1.00,2.50,1.10,1.50,1.70,1.70,1.55\n"
+    "A100,Vicuna-7B-v1.3,SAMD[EAGLE2],3.30,2.01,3.19,2.36,2.96,2.52,4.58,2.73\n"
+    "A100,Vicuna-7B-v1.3,EAGLE2,2.84,1.88,2.34,2.15,2.79,2.13,4.34,2.36\n"
+    "A100,Vicuna-7B-v1.3,Medusa,1.97,1.65,1.57,1.65,1.94,1.49,2.31,1.71\n"
 )
 # one question per task (MT-Bench's categories are Spec-Bench's mt_bench)
 CATEGORY_OF = {"q1": "writing", "q2": "coding", "q3": "translation", "q4": "summarization", "q5": "qa",
@@ -82,6 +85,23 @@ def test_cells_are_speedups_per_task_beside_the_matching_published_row(rows, boa
     pld = next(ln for ln in md.splitlines() if "| pld |" in ln)
     assert "2.00 [2.00, 2.00] / 1.66 (1.20)" in pld  # overall, with its interval over the 7 questions
     assert "A100 Vicuna-7B-v1.3" in md
+
+
+def test_trained_head_methods_meet_their_leaderboard_rows(board_dir):
+    """eagle is Spec-Bench's EAGLE2 (EAGLE-2's tree, an EAGLE-1 head), medusa its Medusa, and SAM-Decoding
+    only in its EAGLE-2 preset its SAMD[EAGLE2]; the Token Recycling preset has no published row."""
+    out = []
+    for sid in CATEGORY_OF:
+        out.append(row("autoregressive", sid, [1] * 8, 1.0))
+        for method, preset in [("eagle", "eagle"), ("medusa", "medusa"), ("sam_decoding", "sam_decoding-eagle"),
+                               ("sam_decoding", "sam_decoding")]:
+            out.append({**row(method, sid, [1, 3, 2, 2], 0.5), "preset": preset})
+    d = spec_bench_table(pd.DataFrame(out), {"spec_bench": load_leaderboard(board_dir)}).data
+    paper = d.set_index(["preset", "metric"])["paper"]
+    assert paper[("eagle", "overall")] == pytest.approx(2.36)
+    assert paper[("medusa", "overall")] == pytest.approx(1.71)
+    assert paper[("sam_decoding-eagle", "overall")] == pytest.approx(2.73)
+    assert math.isnan(paper[("sam_decoding", "overall")])
 
 
 def test_the_published_row_follows_the_device_and_model_seen(board_dir):
