@@ -19,7 +19,7 @@ import torch
 
 from methods.registry import register_method
 from specbench.core.draft import SOURCE_HEAD, DecodeState, Draft, Drafter, VerifyResult
-from specbench.drafting.eagle_drafter import head_dir, published_head
+from specbench.drafting.eagle_drafter import head_dir, head_provenance, published_head
 from specbench.drafting.medusa_head import MC_SIM_7B_63, best_paths, load_medusa, tree_draft
 from specbench.errors import ConfigError
 
@@ -59,6 +59,7 @@ class Medusa(Drafter):
         path = head_dir(self.config.head, self.context.target_name, self.KIND,
                         published=self.context.target_heads.get(self.KIND))
         heads, meta = load_medusa(path, target.config)
+        self.head_columns = head_provenance(self.config.head, path, self.context.target_heads.get(self.KIND))
         self.lm_head = target.get_output_embeddings()
         w = self.lm_head.weight
         self.heads = heads.to(device=w.device, dtype=w.dtype).eval()
@@ -71,7 +72,7 @@ class Medusa(Drafter):
         self.last: torch.Tensor | None = None
 
     def provenance(self) -> dict[str, Any]:
-        return {"head": self.config.head}
+        return self.head_columns
 
     def start(self, prompt_ids: list[int]) -> None:
         self.last = None

@@ -134,7 +134,7 @@ class SAMDecoding(ScopedMemory, Drafter):
     matrix = property(lambda self: self.recycler.matrix)  # for inspection
 
     def provenance(self) -> dict:
-        return self.store_columns
+        return {**self.store_columns, **(self.eagle.provenance() if self.eagle is not None else {})}
 
     def forget(self) -> None:
         self.recycler.clear()

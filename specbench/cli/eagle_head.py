@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from specbench.drafting.eagle_drafter import trained_head_dir
 from specbench.drafting.eagle_head import KINDS, EagleHead, HeadConfig, save_head
 from specbench.drafting.eagle_training import (
+    TTT_STEPS,
     draft_vocabulary,
     encode,
     features_of,
@@ -47,12 +48,15 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--draft-vocab", type=int, default=8192, help="EAGLE-3's draft vocabulary (most frequent tokens)")
+    ap.add_argument("--ttt-steps", type=int, default=TTT_STEPS,
+                    help=f"EAGLE-3's training-time test: draft steps unrolled per position (default {TTT_STEPS}, "
+                    "the reference's; 1 trains the first step only)")
     ap.add_argument("--medusa-heads", type=int, default=4, help="Medusa's heads K (tied to the target's LM head)")
     ap.add_argument("--positions", type=int, default=128, help="Medusa: positions per sequence and epoch")
     ap.add_argument("--out", type=Path, default=None, help="the head's directory (default: the cache's, by model)")
     args, overrides = ap.parse_known_args(argv)
-    if not 0 < args.heldout < 1 or args.epochs < 1 or args.max_len < 8:
-        raise ConfigError("need 0 < --heldout < 1, --epochs >= 1 and --max-len >= 8")
+    if not 0 < args.heldout < 1 or args.epochs < 1 or args.max_len < 8 or args.ttt_steps < 1:
+        raise ConfigError("need 0 < --heldout < 1, --epochs >= 1, --max-len >= 8 and --ttt-steps >= 1")
     from hydra import compose, initialize_config_dir
 
     from specbench.paths import CONF_DIR
@@ -98,22 +102,26 @@ def main(argv: list[str] | None = None) -> Path:
         head.d2t.copy_(d2t)
     lm_weight = model.get_output_embeddings().weight.detach().float()
     embed = model.get_input_embeddings()
-    state, keep = _checkpointing(work / f"checkpoint-{args.kind}-{len(train_set)}x{args.max_len}.pt")
+    steps = args.ttt_steps if args.kind == "eagle3" else 1
+    ttt = f"-ttt{steps}" if steps > 1 else ""
+    state, keep = _checkpointing(work / f"checkpoint-{args.kind}-{len(train_set)}x{args.max_len}{ttt}.pt")
 
     tokens = sum(int(ids.numel()) for ids, _ in train_set)
     print(f"{len(train_set)} conversations ({tokens} tokens) to train on, {n_held} held out; "
           f"head of {sum(p.numel() for p in head.parameters()) / 1e6:.1f}M parameters")
     state = train(head, lm_weight, embed, train_set, heldout, epochs=args.epochs, lr=args.lr, seed=int(cfg.seed),
-                  state=state, on_epoch=keep)
+                  state=state, on_epoch=keep, steps=steps)
     best = min(state["history"], key=lambda h: h["heldout_loss"])
     meta = {"target": loaded.name, "kind": args.kind, "data": "pydoc_data topics + stdlib module docstrings",
             "conversations": len(train_set), "train_tokens": tokens, "heldout_conversations": n_held,
-            "max_len": args.max_len, "epochs": args.epochs, "lr": args.lr, "history": state["history"],
+            "max_len": args.max_len, "epochs": args.epochs, "lr": args.lr, "ttt_steps": steps,
+            "history": state["history"],
             "kept_epoch": best["epoch"], "minutes": round((time.time() - started) / 60, 1)}
     save_head(head, out)
     (out / "training.json").write_text(json.dumps(meta, indent=2))
+    by_step = " / ".join(f"{a:.3f}" for a in best.get("alpha_by_step", [best["alpha"]]))
     print(f"held-out α {state['history'][0]['alpha']:.3f} before training, {best['alpha']:.3f} after epoch "
-          f"{best['epoch']} (kept); saved {out}")
+          f"{best['epoch']} (kept{'; by draft step ' + by_step if steps > 1 else ''}); saved {out}")
     return out
 
 

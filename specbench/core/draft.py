@@ -298,13 +298,10 @@ class DrafterContext:
     * ``sampling``: the run's :class:`specbench.core.acceptance.SamplingParams`: a draft
       model computes ``q`` with the same temperature, top-k and top-p as ``p``.
     * ``device``, ``dtype``: where and in which precision the target runs.
-    * ``load_model(name)``: loads a model preset (``conf/model/<name>.yaml``)
-      through :func:`specbench.models.load_model`, on the target's hardware and
-      dtype, with the same one-line errors.
-    * ``target_model``, ``target_name``: the target itself (self-drafting shares
-      its weights) and its preset name (the identity of trained heads).
-    * ``target_heads``: the draft heads published for the target ({kind: hub repository}, the model
-      preset's ``heads``), what ``head: auto`` reads first.
+    * ``load_model(name)``: loads a model preset (``conf/model/<name>.yaml``) through
+      :func:`specbench.models.load_model`, on the target's hardware and dtype, with the same one-line errors.
+    * ``target_model``, ``target_name``, ``target_heads``: the target itself (self-drafting shares its weights),
+      its preset name (the identity of trained heads), the heads published for it ({kind: hub repo}).
     * ``hardware``: the target's hardware config.
     """
 

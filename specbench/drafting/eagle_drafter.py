@@ -111,6 +111,26 @@ def hub_head(repo: str, kind: str, fetch: bool) -> Path:
                           "check the name, or set method.head=<dir>") from None
 
 
+def head_provenance(setting: str, path: Path, published: str | None = None) -> dict[str, str]:
+    """What a result row says of the head it read: the setting, where it came from (a hub repository, the
+    head trained here, or a directory's name) and a fingerprint of its files (config, training record,
+    weights' names and sizes), which a re-trained head changes."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for f in sorted(path.iterdir()):
+        if f.is_file():
+            digest.update(f.name.encode())
+            digest.update(f.read_bytes() if f.suffix == ".json" else str(f.stat().st_size).encode())
+    if path.parent == cache_root() / "eagle_heads":
+        source = "trained here"
+    elif setting == AUTO and published:
+        source = published
+    else:
+        source = setting if setting.count("/") == 1 and not Path(setting).expanduser().exists() else path.name
+    return {"head": setting, "head_source": source, "head_fingerprint": digest.hexdigest()[:16]}
+
+
 def random_head(kind: str, target_config, directory: Path) -> Path:
     """An untrained head of ``kind`` (eagle, eagle3, medusa) for a target, saved in its published layout: what
     checks of losslessness use (what verification keeps does not depend on the head)."""
@@ -140,8 +160,10 @@ class HeadDrafter(Drafter):
         target = self.context.target_model
         if target is None:
             raise ConfigError(f"{self.name}: needs the target model (DrafterContext.target_model)")
-        head = load_head(head_dir(self.config.head, self.context.target_name, self.KIND,
-                                  published=self.context.target_heads.get(self.KIND)), target.config)
+        path = head_dir(self.config.head, self.context.target_name, self.KIND,
+                        published=self.context.target_heads.get(self.KIND))
+        head = load_head(path, target.config)
+        self.head_columns = head_provenance(self.config.head, path, self.context.target_heads.get(self.KIND))
         if head.c.kind != self.KIND:
             raise ConfigError(f"{self.name}: the head in {self.config.head} is an {head.c.kind} head: "
                               f"use method={head.c.kind}")
@@ -159,7 +181,7 @@ class HeadDrafter(Drafter):
         self.root_pos = 0
 
     def provenance(self) -> dict[str, Any]:
-        return {"head": self.config.head}
+        return self.head_columns
 
     def start(self, prompt_ids: list[int]) -> None:
         self.cache, self.pending, self.start_pos = HeadCache(), None, 0

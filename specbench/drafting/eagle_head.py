@@ -186,23 +186,44 @@ class Rotary(nn.Module):
 
 
 class HeadCache:
-    """The head's keys and values ([kv_heads, length, head_dim]): the committed positions first."""
+    """The head's keys and values ([kv_heads, length, head_dim]): the committed positions first.
+
+    Drafting appends into buffers that grow by doubling (one copy per doubling, not one per tree level) and
+    crops by moving the length back; under autograd (training), whose graph must not see in-place writes,
+    it concatenates instead."""
 
     def __init__(self) -> None:
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
+        self.length = 0
 
     def __len__(self) -> int:
-        return 0 if self.keys is None else self.keys.shape[1]
+        return self.length
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self.keys = k if self.keys is None else torch.cat([self.keys, k], 1)
-        self.values = v if self.values is None else torch.cat([self.values, v], 1)
-        return self.keys, self.values
+        end = self.length + k.shape[1]
+        if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):
+            if self.keys is None or self.length == 0:
+                self.keys, self.values = k, v
+            else:
+                self.keys = torch.cat([self.keys[:, : self.length], k], 1)
+                self.values = torch.cat([self.values[:, : self.length], v], 1)
+        else:
+            if self.keys is None or end > self.keys.shape[1] or self.keys.requires_grad:
+                capacity = max(64, 2 * end)
+                keys = k.new_empty(k.shape[0], capacity, k.shape[2])
+                values = v.new_empty(v.shape[0], capacity, v.shape[2])
+                if self.keys is not None and self.length:
+                    keys[:, : self.length] = self.keys[:, : self.length]
+                    values[:, : self.length] = self.values[:, : self.length]
+                self.keys, self.values = keys, values
+            self.keys[:, self.length : end] = k
+            self.values[:, self.length : end] = v
+        self.length = end
+        return self.keys[:, :end], self.values[:, :end]
 
     def crop(self, length: int) -> None:
-        if self.keys is not None and length < len(self):
-            self.keys, self.values = self.keys[:, :length], self.values[:, :length]
+        self.length = min(self.length, length)
 
 
 class Attention(nn.Module):

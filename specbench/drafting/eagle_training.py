@@ -9,11 +9,12 @@ the head reads) are kept, so epochs cost the head alone.
 Loss (EAGLE-1/2): at every position t the head reads ``(f_t + noise, embedding of x_{t+1})`` and predicts
 ``f_{t+1}``: SmoothL1 to the true feature plus 0.1 × the cross-entropy of its LM-head distribution against
 the target's (soft labels), the reference's weights; the noise is uniform, ±0.1 × 512 / length, as the
-reference adds it. EAGLE-3 (no feature loss): the cross-entropy alone, over the head's draft vocabulary,
-at the first draft step (the reference's training-time test unrolls seven; one is what this trainer does).
+reference adds it. EAGLE-3 (no feature loss, no noise): the cross-entropy alone, over the head's draft
+vocabulary, with the training-time test: the head's own outputs fed back for ``steps`` draft steps (seven,
+the reference's), step s weighted 0.8 ** s (:func:`head_loss`).
 
 Held-out: the loss and the head's top-1 agreement with the target's next token on held-out conversations,
-teacher-forced (the acceptance rate of a depth-1 guess, α).
+teacher-forced (the acceptance rate of a depth-1 guess, α), and with the training-time test, per step.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from specbench.drafting.eagle_head import EagleHead
+from specbench.drafting.eagle_head import EagleHead, HeadCache
 
 W_CLS = 0.1  # the classification loss's weight (the reference's p_w)
 NOISE = 0.1  # uniform noise half-width on input features, at 512 tokens (the reference's std 0.2 → ±0.1)
@@ -103,33 +104,70 @@ def features_of(model, sequences: list[list[int]], layers: tuple[int, ...], prog
     return out
 
 
+TTT_STEPS = 7  # EAGLE-3's training-time test: draft steps unrolled per position (the reference's length)
+TTT_DECAY = 0.8  # step i's loss weight is 0.8 ** i (the reference's)
+
+
 def head_loss(head: EagleHead, lm_weight: torch.Tensor, embed: torch.nn.Module, ids: torch.Tensor,
-              feats: dict[int, torch.Tensor], noise: float = 0.0, generator: torch.Generator | None = None
-              ) -> tuple[torch.Tensor, float, int]:
-    """The loss of one sequence, its correct depth-1 guesses and how many were judged."""
+              feats: dict[int, torch.Tensor], noise: float = 0.0, generator: torch.Generator | None = None,
+              steps: int = 1) -> tuple[torch.Tensor, list[float], list[int]]:
+    """The loss of one sequence, and per draft step its correct guesses and how many were judged.
+
+    EAGLE-1/2 (one step): the head reads true features. EAGLE-3 with ``steps`` > 1 unrolls the training-time
+    test: step s reads, at every position t, the head's own step-(s-1) output (its predicted feature at
+    t + s) with the embedding of token t + s + 1, at position t + s, and sees the true features' entries up to
+    t and its own chain's entries of steps 1 … s at t, as a depth-(s+1) node of the draft tree does; its
+    loss, against the target's distribution at t + s + 1, weighs 0.8 ** s."""
     n = ids.shape[0]
-    fused = head.fuse(feats)
-    x = fused[:-1]
+    m = n - 1
+    x = head.fuse(feats)[:-1]
     if noise:
         x = x + (torch.rand(x.shape, generator=generator) - 0.5) * (2 * noise * 512 / n)
     with torch.no_grad():
-        emb = embed(ids[1:]).float()
-        target_logits = F.linear(feats[-1][1:], lm_weight)  # the target's distribution after each pair's token
-        truth = target_logits.argmax(-1)
-    pred = head(x, emb, torch.arange(n - 1))
-    if head.c.kind == "eagle":
-        logits = F.linear(pred, lm_weight)
-        cls = -(target_logits.softmax(-1) * logits.log_softmax(-1)).sum(-1).mean()
-        loss = F.smooth_l1_loss(pred, feats[-1][1:]) + W_CLS * cls
-        guess = logits.argmax(-1)
-    else:  # over the draft vocabulary; positions whose target token it lacks are left out, as the reference does
-        logits = head.logits(pred, None)
-        used = head.to_target_ids(torch.arange(logits.shape[1]))
-        inside = torch.isin(truth, used)
-        ce = -(target_logits[:, used].softmax(-1) * logits.log_softmax(-1)).sum(-1)
-        loss = ce[inside].mean() if inside.any() else ce.sum() * 0
-        guess = head.to_target_ids(logits.argmax(-1))
-    return loss, float((guess == truth).sum()), int(truth.numel())
+        target_all = F.linear(feats[-1], lm_weight)  # row t: the target's distribution of token t + 1
+        truth_all = target_all.argmax(-1)
+    steps = max(1, min(steps, m)) if head.c.kind == "eagle3" else 1
+    total, right, judged = x.new_zeros(()), [], []
+    for s, pred in enumerate(unroll(head, x, lambda a, b: embed(ids[a:b]).float().detach(), steps)):
+        rows = pred.shape[0]
+        target_logits, truth = target_all[s + 1 : s + 1 + rows], truth_all[s + 1 : s + 1 + rows]
+        if head.c.kind == "eagle":
+            logits = F.linear(pred, lm_weight)
+            cls = -(target_logits.softmax(-1) * logits.log_softmax(-1)).sum(-1).mean()
+            loss = F.smooth_l1_loss(pred, feats[-1][1:]) + W_CLS * cls
+            guess = logits.argmax(-1)
+        else:  # over the draft vocabulary; positions whose target token it lacks are left out, as the reference does
+            logits = head.logits(pred, None)
+            used = head.to_target_ids(torch.arange(logits.shape[1]))
+            inside = torch.isin(truth, used)
+            ce = -(target_logits[:, used].softmax(-1) * logits.log_softmax(-1)).sum(-1)
+            loss = ce[inside].mean() if inside.any() else ce.sum() * 0
+            guess = head.to_target_ids(logits.argmax(-1))
+        total = total + TTT_DECAY ** s * loss
+        right.append(float((guess == truth).sum()))
+        judged.append(int(truth.numel()))
+    return total, right, judged
+
+
+def unroll(head: EagleHead, x: torch.Tensor, embeds, steps: int) -> Iterator[torch.Tensor]:
+    """The head's predicted features per draft step: step 0 over ``x`` [m, H] (features at 0 … m - 1) with the
+    embeddings ``embeds(1, m + 1)`` of the tokens that follow, causally; step s over step s-1's outputs at
+    t = 0 … m - s - 1 with ``embeds(s + 1, m + 1)``, at positions t + s, each seeing the first entries up to t
+    and its own chain's entries of steps 1 … s at t (a depth-(s+1) draft node's view)."""
+    m = x.shape[0]
+    cache = HeadCache() if steps > 1 else None
+    for s in range(steps):
+        rows = m - s
+        visible = None
+        if s > 0:
+            visible = torch.zeros(rows, len(cache) + rows, dtype=torch.bool)
+            visible[:, :m] = torch.ones(rows, m, dtype=torch.bool).tril()
+            base, r = m, torch.arange(rows)
+            for i in range(1, s + 1):  # the chain's own entries at t: steps 1 … s
+                visible[r, base + r] = True
+                base += m - i
+        x = head(x[:rows], embeds(s + 1, s + 1 + rows), torch.arange(s, s + rows), cache, visible)
+        yield x
 
 
 def draft_vocabulary(sequences: list[list[int]], size: int) -> torch.Tensor:
@@ -139,16 +177,20 @@ def draft_vocabulary(sequences: list[list[int]], size: int) -> torch.Tensor:
     return used - torch.arange(used.numel())
 
 
-def evaluate(head, lm_weight, embed, data) -> tuple[float, float]:
-    """Held-out (loss, α): the mean loss over sequences and the share of depth-1 guesses equal to the target's."""
+def evaluate(head, lm_weight, embed, data, steps: int = 1) -> tuple[float, list[float]]:
+    """Held-out (loss, α per draft step): the mean loss over sequences, and per step the share of guesses equal
+    to the target's token (step 1: a depth-1 guess's acceptance rate; step s, with the training-time test:
+    a depth-s guess's given that its ancestors were right)."""
     head.eval()
-    total, right, judged = 0.0, 0.0, 0
+    total, right, judged = 0.0, [0.0] * steps, [0] * steps
     with torch.no_grad():
         for ids, feats in data:
-            loss, r, j = head_loss(head, lm_weight, embed, ids, feats)
-            total, right, judged = total + float(loss), right + r, judged + j
+            loss, r, j = head_loss(head, lm_weight, embed, ids, feats, steps=steps)
+            total += float(loss)
+            for s in range(len(r)):
+                right[s], judged[s] = right[s] + r[s], judged[s] + j[s]
     head.train()
-    return total / max(len(data), 1), right / max(judged, 1)
+    return total / max(len(data), 1), [r / j for r, j in zip(right, judged, strict=True) if j]
 
 
 def fit(module: torch.nn.Module, n_train: int, step_loss, evaluate_now, *, epochs: int, lr: float, seed: int,
@@ -194,17 +236,19 @@ def fit(module: torch.nn.Module, n_train: int, step_loss, evaluate_now, *, epoch
 
 
 def train(head: EagleHead, lm_weight: torch.Tensor, embed, train_set, heldout_set, *, epochs: int, lr: float,
-          seed: int = 0, state: dict | None = None, on_epoch=None, progress: bool = True) -> dict:
-    """Fit ``head`` with EAGLE's loss (:func:`fit`); the state's history holds the held-out loss and α per epoch."""
+          seed: int = 0, state: dict | None = None, on_epoch=None, progress: bool = True, steps: int = 1) -> dict:
+    """Fit ``head`` with EAGLE's loss (:func:`fit`; EAGLE-3 with ``steps`` of training-time test); the state's
+    history holds the held-out loss and α (depth 1, and per step) per epoch."""
     gen = torch.Generator().manual_seed(seed)
+    noise = NOISE if head.c.kind == "eagle" else 0.0  # EAGLE-3's reference adds none
 
     def step_loss(i, _rng):
         ids, feats = train_set[i]
-        return head_loss(head, lm_weight, embed, ids, feats, NOISE, gen)[0]
+        return head_loss(head, lm_weight, embed, ids, feats, noise, gen, steps=steps)[0]
 
     def evaluate_now():
-        loss, alpha = evaluate(head, lm_weight, embed, heldout_set)
-        return {"heldout_loss": loss, "alpha": alpha}
+        loss, alphas = evaluate(head, lm_weight, embed, heldout_set, steps=steps)
+        return {"heldout_loss": loss, "alpha": alphas[0], "alpha_by_step": alphas}
 
     return fit(head, len(train_set), step_loss, evaluate_now, epochs=epochs, lr=lr, seed=seed, state=state,
                on_epoch=on_epoch, desc="eagle head", progress=progress)

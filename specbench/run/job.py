@@ -168,12 +168,18 @@ def _warn_device_fit(cfg: DictConfig) -> None:
               "slowly: use a GPU (hardware=cuda) or a smaller model", file=sys.stderr)
 
 
+# Raised whenever what a run measures changes while its settings do not (budget=auto's rule, the verification
+# step, how rows are counted): a re-run then measures afresh instead of resuming rows of the older rule.
+# 2: budget=auto's bounded regret.
+RESULTS_VERSION = 2
+
+
 def hash_config(cfg: DictConfig) -> str:
-    """The hash that names a run's results: every setting but the bookkeeping ones."""
+    """The hash that names a run's results: every setting but the bookkeeping ones, and the results version."""
     plain = OmegaConf.to_container(cfg, resolve=True)
     for key in BOOKKEEPING:
         plain.pop(key, None)
-    return config_hash(plain)
+    return config_hash({**plain, "results_version": RESULTS_VERSION})
 
 
 def preset_name(cfg: DictConfig) -> str:

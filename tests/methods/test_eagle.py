@@ -161,6 +161,32 @@ def test_eagle3_reference_layout_loads_and_maps_its_vocabulary(tmp_path):
     assert head.fuse(feats).shape == (2, HIDDEN)
 
 
+def test_the_head_cache_appends_and_crops_like_concatenation():
+    """Appends into doubling buffers and crops by length give what concatenating and slicing give, past
+    several doublings; under autograd it concatenates, and gradients flow through it."""
+    from specbench.drafting.eagle_head import HeadCache
+
+    g = torch.Generator().manual_seed(0)
+    cache, ref_k, ref_v = HeadCache(), torch.zeros(2, 0, 4), torch.zeros(2, 0, 4)
+    for step in range(40):
+        n = int(torch.randint(1, 12, (1,), generator=g))
+        k, v = torch.randn(2, n, 4, generator=g), torch.randn(2, n, 4, generator=g)
+        keys, values = cache.append(k, v)
+        ref_k, ref_v = torch.cat([ref_k, k], 1), torch.cat([ref_v, v], 1)
+        assert torch.equal(keys, ref_k) and torch.equal(values, ref_v) and len(cache) == ref_k.shape[1]
+        if step % 3 == 2:  # a verified step: the tree's entries go
+            keep = len(cache) - int(torch.randint(0, min(len(cache), 10) + 1, (1,), generator=g))
+            cache.crop(keep)
+            ref_k, ref_v = ref_k[:, :keep], ref_v[:, :keep]
+    assert ref_k.shape[1] > 64  # the buffer grew past its first size
+    w = torch.randn(2, 3, 4, requires_grad=True)
+    trained = HeadCache()
+    trained.append(w, w)
+    keys, _ = trained.append(w * 2, w)
+    keys.sum().backward()
+    assert torch.equal(w.grad, torch.full_like(w, 3.0))
+
+
 def test_head_errors_name_the_fix(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
     with pytest.raises(ConfigError, match="make train-eagle-head MODEL=smollm2-135m"):
@@ -191,6 +217,22 @@ def test_auto_reads_the_head_published_for_the_model_else_the_one_trained_here(t
     assert head_dir("auto", "vicuna-7b", "eagle", published=None) == trained_head_dir("vicuna-7b", "eagle")
     with pytest.raises(ConfigError, match="unreachable"):  # auto still prefers the published head
         head_dir("auto", "vicuna-7b", "eagle", published="yuhuili/EAGLE-Vicuna-7B-v1.3")
+
+
+def test_rows_name_the_head_and_a_retrained_head_changes_its_fingerprint(tmp_path, monkeypatch):
+    from specbench.drafting.eagle_drafter import head_provenance
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    path = save_head(EagleHead(tiny_config("eagle")), trained_head_dir("m", "eagle"))
+    (path / "training.json").write_text('{"epochs": 1}')
+    first = head_provenance("auto", path)
+    assert first["head_source"] == "trained here" and first["head"] == "auto"
+    (path / "training.json").write_text('{"epochs": 2}')
+    assert head_provenance("auto", path)["head_fingerprint"] != first["head_fingerprint"]
+    other = save_head(EagleHead(tiny_config("eagle")), tmp_path / "snapshot")
+    assert head_provenance("auto", other, "yuhuili/EAGLE-Vicuna-7B-v1.3")["head_source"] == \
+        "yuhuili/EAGLE-Vicuna-7B-v1.3"
+    assert head_provenance(str(other), other)["head_source"] == "snapshot"
 
 
 def test_paper_models_name_their_published_heads():
@@ -320,9 +362,9 @@ def test_training_lowers_the_heldout_loss_in_seconds(tiny_llama):
     lm, emb = model.get_output_embeddings().weight.detach().float(), model.get_input_embeddings()
     before, _ = evaluate(head, lm, emb, data[:2])
     state = train(head, lm, emb, data[2:], data[:2], epochs=3, lr=2e-3, progress=False)
-    after, alpha = evaluate(head, lm, emb, data[:2])
+    after, alphas = evaluate(head, lm, emb, data[:2])
     assert after < 0.8 * before and state["history"][-1]["epoch"] == 3
-    assert 0 <= alpha <= 1
+    assert len(alphas) == 1 and 0 <= alphas[0] <= 1
 
 
 def test_training_an_eagle3_head_lowers_its_loss(tiny_llama):
@@ -345,10 +387,42 @@ def test_training_an_eagle3_head_lowers_its_loss(tiny_llama):
     lm, emb = model.get_output_embeddings().weight.detach().float(), model.get_input_embeddings()
     before, _ = evaluate(head, lm, emb, data[:2])
     assert before > 0
-    train(head, lm, emb, data[2:], data[:2], epochs=15, lr=3e-3, progress=False)
+    state = train(head, lm, emb, data[2:], data[:2], epochs=15, lr=3e-3, progress=False, steps=3)
     # soft cross-entropy against a random model's flat next-token distributions: its floor, their entropy, is
     # ~3.4 nats, so the gain is small in absolute terms
     assert evaluate(head, lm, emb, data[:2])[0] < before - 0.1
+    assert len(state["history"][-1]["alpha_by_step"]) == 3  # α of each unrolled step, held out
+
+
+def test_the_training_time_test_sees_what_a_draft_chain_sees(tiny_llama):
+    """EAGLE-3's unrolled step s at position t (training) computes what drafting computes for the depth-(s+1)
+    node of the chain that follows the true tokens after t: same inputs, positions and visible entries."""
+    from specbench.drafting.eagle_head import HeadCache
+    from specbench.drafting.eagle_training import unroll
+
+    model = tiny_llama.model
+    torch.manual_seed(0)
+    head = EagleHead(HeadConfig.for_target("eagle3", model.config)).eval()
+    ids = torch.tensor([5, 6, 7, 8, 9, 10, 11, 12, 13, 14])
+    feats = features_of(model, [ids.tolist()], (*head.feature_layers, -1), progress=False)[0][1]
+    emb = model.get_input_embeddings()
+    with torch.no_grad():
+        x = head.fuse(feats)[:-1]
+        steps = list(unroll(head, x, lambda a, b: emb(ids[a:b]).float(), 4))
+        for t in (2, 5):  # the committed prefix ends at t; the chain then takes the true tokens
+            cache = HeadCache()
+            out = head(x[: t + 1], emb(ids[1 : t + 2]).float(), torch.arange(t + 1), cache, None)[-1:]
+            slots = []
+            for s in range(1, 4):
+                vis = torch.zeros(1, len(cache) + 1, dtype=torch.bool)
+                vis[0, : t + 1] = True
+                vis[0, slots] = True
+                vis[0, -1] = True
+                slots.append(len(cache))
+                out = head(out, emb(ids[t + s + 1 : t + s + 2]).float(), torch.tensor([t + s]), cache, vis)
+                torch.testing.assert_close(out[0], steps[s][t], atol=1e-5, rtol=1e-4)
+        # and the steps differ from one another: the chain's own entries matter
+        assert not torch.allclose(steps[1][2], steps[2][2])
 
 
 def test_eagle_is_greedy_lossless_on_the_tiny_llama(tiny_llama, tiny_head_dir):

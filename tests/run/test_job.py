@@ -46,6 +46,17 @@ def test_bookkeeping_settings_leave_the_job_hash_alone(tmp_path):
     assert plan(cfg_for(tmp_path, "limit=1", "seed=1")).config_hash != base.config_hash
 
 
+def test_a_new_results_version_measures_afresh(tmp_path, monkeypatch):
+    """Raising RESULTS_VERSION (a changed rule under unchanged settings) changes every job's hash, so a re-run
+    writes new rows instead of resuming the old rule's."""
+    import specbench.run.job as job_module
+
+    cfg = cfg_for(tmp_path, "limit=1")
+    before = plan(cfg).config_hash
+    monkeypatch.setattr(job_module, "RESULTS_VERSION", job_module.RESULTS_VERSION + 1)
+    assert plan(cfg).config_hash != before
+
+
 def test_auto_hardware_is_resolved_before_hashing(tmp_path, monkeypatch):
     """On a CPU machine the default (hardware=auto) is the CPU preset: the same hash, so earlier results resume;
     on a GPU machine the job, its label and its hash name CUDA."""
