@@ -15,7 +15,7 @@ STAMP       := $(VENV)/.specbench-installed
 PYTEST      := $(PY) -m pytest -p no:cacheprovider
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo smoke smoke-experiments test test-slow slurm-test test-all gpu-check lint bench bench-stores bench-retrieval clean train-acceptance-head train-eagle-head \
+.PHONY: help setup demo smoke smoke-experiments test test-slow slurm-test test-all gpu-check lint bench bench-stores bench-heads bench-retrieval clean train-acceptance-head train-eagle-head \
         datastore datastore-refine memory_scopes spec_bench table1 table2 table3 table4 table5 table6 table7 figures report reproduce-cpu
 
 # Paper reproduction. Sweeps write <RESULTS>/<experiment>/; reports go to <REPORTS>/ (Markdown, LaTeX,
@@ -101,10 +101,11 @@ RETRIEVAL_BENCH ?= pld lookahead-cpu spectra_core-cpu rest-cpu spectra_retrieval
 BENCH_METHODS ?= pld anpd lookahead-cpu spectra_core-cpu spectra_core-cpu:fixed rest-cpu spectra_retrieval-cpu \
                  spectra_retrieval-cpu:norefine spectra_retrieval-cpu:random spectra-cpu spectra-cpu:fixed spectra-cpu:random \
                  token_recycling-cpu sam_decoding-cpu suffix-cpu \
-                 lookahead spectra_core spectra_core:auto rest spectra spectra:auto token_recycling sam_decoding suffix
+                 lookahead spectra_core spectra_core:auto rest spectra spectra:auto token_recycling sam_decoding suffix \
+                 eagle-cpu:auto eagle3-cpu:auto medusa-cpu:auto sam_decoding-eagle-cpu:auto
 
 BENCH_REPEATS ?= 3
-bench: setup bench-stores ## side-by-side speed benchmarks (bench/README.md; compare.py ~1 h per repeat on 2 cores, BENCH_REPEATS=3); DATA_DIR=<dir with gsm8k_test.jsonl> adds GSM8K
+bench: setup bench-stores bench-heads ## side-by-side speed benchmarks (bench/README.md; compare.py ~1 h per repeat on 2 cores, BENCH_REPEATS=3); DATA_DIR=<dir with gsm8k_test.jsonl> adds GSM8K
 	$(PY) bench/baseline.py
 	$(PY) bench/compare.py --repeats $(BENCH_REPEATS) --methods $(BENCH_METHODS) $(if $(DATA_DIR),--data gsm8k=$(DATA_DIR)/gsm8k_test.jsonl)
 	$(PY) bench/draft_models.py
@@ -113,8 +114,16 @@ bench: setup bench-stores ## side-by-side speed benchmarks (bench/README.md; com
 MODEL ?= smollm2-135m
 HEAD_TEMPS ?= 1 0
 KIND ?= eagle
-train-eagle-head: setup ## train an EAGLE head (KIND=eagle|eagle3) for MODEL (default smollm2-135m) on offline text; re-running resumes
+train-eagle-head: setup ## train an EAGLE head (KIND=eagle|eagle3|medusa) for MODEL (default smollm2-135m) on offline text; re-running resumes
 	$(PY) -m specbench.eagle_head model=$(MODEL) --kind $(KIND) $(ARGS)
+
+# The heads bench/README's figures were measured with (epochs per kind); each is trained once, then kept.
+HEAD_EPOCHS ?= eagle=3 eagle3=2 medusa=2
+bench-heads: setup ## SmolLM2's EAGLE, EAGLE-3 and Medusa heads for the benchmark, trained where missing (~50 min on 2 cores)
+	for ke in $(HEAD_EPOCHS); do k=$${ke%%=*}; e=$${ke#*=}; \
+	  $(PY) -c "import sys; from specbench.drafting.eagle_drafter import trained_head_dir as d; \
+	    sys.exit(not (d('smollm2-135m', '$$k') / 'config.json').is_file())" || \
+	  $(PY) -m specbench.eagle_head model=smollm2-135m --kind $$k --epochs $$e --max-len 384 || exit 1; done
 
 train-acceptance-head: setup ## train SpecDec++'s acceptance heads for MODEL (default smollm2-135m) and its self-draft: sampled (T=1) and greedy labels
 	for t in $(HEAD_TEMPS); do \

@@ -3,7 +3,7 @@
 For each dtype and dataset, every prompt is decoded by the autoregressive
 baseline and by each method preset (``conf/method/<preset>.yaml``), in an order
 that rotates from prompt to prompt, after one un-recorded warm-up per method.
-Reported per method: τ, speedup (the method's tokens per second over the
+Reported per method: τ (tokens per decode step: the mean acceptance length), speedup (the method's tokens per second over the
 baseline's on the same prompts and repeats, ± its standard deviation over
 repeats, [its 95% paired bootstrap interval over prompts]), the plain time
 ratio (Σ baseline time / Σ method time: the same figure when the outputs have
@@ -14,7 +14,8 @@ when a preset runs ``budget=auto``), Mac-TP, Mic-TP, tokens per decode
 forward (q/fwd: the root, the guesses and the auxiliary nodes), the share of steps that sent auxiliary nodes
 and how many they sent on average (aux: ``budget=auto`` chooses the pool's
 width and may leave it out), drafting overhead per step (time outside the
-model forward: propose + update), and how many greedy outputs equal the
+model forward: propose + update; for EAGLE and Medusa the head's forwards), its share of the
+decode steps' time (draft%), and how many greedy outputs equal the
 baseline's. transformers' own prompt lookup (``generate(prompt_lookup_num_tokens=10)``)
 runs on the same prompts as ``hf_pld``, next to our ``pld``.
 
@@ -53,6 +54,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
+import yaml
 from baseline import hf_generate  # bench/ is on sys.path when a script here runs
 from omegaconf import OmegaConf
 from prompts import dataset_prompts  # bench/ is on sys.path when a script here runs
@@ -83,9 +85,16 @@ def preset(name: str, run_cfg=None, store: str | None = None):
     """A preset's method, config and budget; ``<preset>:norefine`` reads the unrefined store,
     ``<preset>:random`` the refined store's matched-size random control, ``<preset>:auto`` /
     ``<preset>:fixed`` set the budget (default: the preset's). Retrieval presets get ``store`` and are
-    checked against ``run_cfg`` as a run checks them (preflight)."""
+    checked against ``run_cfg`` as a run checks them (preflight). ``,key=value`` after it sets a field
+    (``eagle3-cpu:auto,head=<dir>``: another head)."""
+    name, *fields = name.split(",")
     base, _, variant = name.partition(":")
     method, cfg, preset_budget = load_preset(base)
+    for field in fields:
+        key, eq, value = field.partition("=")
+        if not eq:
+            raise SystemExit(f"{name}: fields are given as ,key=value")
+        cfg[key] = yaml.safe_load(value)
     if variant not in ("", "norefine", "random", "auto", "fixed"):
         raise SystemExit(f"{name}: the variants are <preset>:norefine, :random, :auto and :fixed")
     budget = variant if variant in ("auto", "fixed") else preset_budget or "fixed"
@@ -244,6 +253,7 @@ def report(dtype: str, dataset: str, tallies: dict[str, Tally], greedy: bool = T
         decode_steps = t.steps - t.n
         overhead = f"{1000 * t.draft_s / decode_steps:6.2f}" if decode_steps > 0 and t.steps else "     -"
         lookup = f"{1000 * t.lookup_s / decode_steps:6.2f}" if decode_steps > 0 and t.lookup_s else "     -"
+        share = f"{100 * t.draft_s / sum(t.step_times):5.1f}%" if t.step_times and t.draft_s else "     -"
         width = f"{t.forward_tokens / decode_steps:5.1f}" if decode_steps > 0 and t.steps else "    -"
         aux = (f"{100 * t.aux_steps / decode_steps:3.0f}%:{t.aux_nodes / t.aux_steps:<4.0f}"
                if t.aux_steps else "       -")  # steps that sent aux nodes : nodes they sent
@@ -254,7 +264,7 @@ def report(dtype: str, dataset: str, tallies: dict[str, Tally], greedy: bool = T
         same = f"{t.match}/{t.n}" if greedy else "-"
         print(
             f"{dtype:9} {dataset:10} {name:30} {tau} {speedup:30} {sp['time_ratio']:5.2f}x {modelled} {mac} {mic}"
-            f" {width} {aux} {overhead} {lookup}  {same}"
+            f" {width} {aux} {overhead} {share} {lookup}  {same}"
         )
 
 
@@ -295,7 +305,7 @@ def main() -> None:
           "time: Σ autoregressive s / Σ method s (the same figure only when outputs have equal lengths)")
     print(
         f"{'dtype':9} {'dataset':10} {'method':30} {'τ':>5} {'speedup':30} {'time':>6} {'model':>6} {'Mac-TP':>7} "
-        f"{'Mic-TP':>7} {'q/fwd':>5} {'aux':>8} {'ms/stp':>6} {'lookup':>6}  same as AR"
+        f"{'Mic-TP':>7} {'q/fwd':>5} {'aux':>8} {'ms/stp':>6} {'draft%':>6} {'lookup':>6}  same as AR"
     )
     for dtype in args.dtypes:
         loaded = load_model(OmegaConf.merge(model_cfg, {"dtype": dtype}), hardware_cfg)
