@@ -510,6 +510,14 @@ def test_medusa_reference_layout_loads(tmp_path):
         load_medusa(tmp_path, target_config(hidden=32))
     with pytest.raises(ConfigError, match="predict 8 tokens"):
         load_medusa(tmp_path, target_config(vocab=16))
+    other = target_config()
+    other._name_or_path = "meta-llama/Llama-2-7b-chat-hf"  # same shapes, another model
+    with pytest.raises(ConfigError, match="trained for lmsys/vicuna-7b-v1.3, not for the target"):
+        load_medusa(tmp_path, other)
+    other._name_or_path = "LMSYS/Vicuna-7b-v1.3"  # the same model, or a local copy of any: accepted
+    load_medusa(tmp_path, other)
+    other._name_or_path = str(tmp_path)
+    load_medusa(tmp_path, other)
 
 
 @pytest.fixture(scope="module")
