@@ -19,9 +19,17 @@ import torch
 
 from methods.registry import register_method
 from specbench.core.draft import SOURCE_HEAD, DecodeState, Draft, Drafter, VerifyResult
-from specbench.drafting.eagle_drafter import head_dir, head_provenance, published_head
+from specbench.drafting.eagle_drafter import (
+    check_draft_dtype,
+    draft_head_dtype,
+    draft_lm_head,
+    head_dir,
+    head_provenance,
+    published_head,
+)
 from specbench.drafting.medusa_head import MC_SIM_7B_63, best_paths, load_medusa, tree_draft
 from specbench.errors import ConfigError
+from specbench.models.packed import PackedLinear, pack_linears
 
 TREES = ("auto", "mc_sim_7b_63")
 
@@ -31,12 +39,14 @@ class MedusaConfig:
     head: str = "auto"  # auto (published for the model, else trained) | trained | a directory | a hub repo
     tree: str = "auto"  # auto: built from the head's measured accuracies | mc_sim_7b_63
     nodes: int = 63  # the tree's size under tree=auto
+    draft_dtype: str | None = None  # the heads' precision (null: the target's; bfloat16 halves a CPU's LM-head reads)
 
     def validate(self) -> None:
         if self.tree not in TREES:
             raise ValueError(f"medusa: tree must be one of {', '.join(TREES)}, got '{self.tree}'")
         if self.nodes < 1:
             raise ValueError(f"medusa: nodes must be >= 1, got {self.nodes}")
+        check_draft_dtype(self.draft_dtype)
 
 
 @register_method
@@ -60,9 +70,12 @@ class Medusa(Drafter):
                         published=self.context.target_heads.get(self.KIND))
         heads, meta = load_medusa(path, target.config)
         self.head_columns = head_provenance(self.config.head, path, self.context.target_heads.get(self.KIND))
-        self.lm_head = target.get_output_embeddings()
-        w = self.lm_head.weight
-        self.heads = heads.to(device=w.device, dtype=w.dtype).eval()
+        target_lm = target.get_output_embeddings()
+        self.dtype = draft_head_dtype(self.config.draft_dtype, target_lm)
+        self.lm_head = draft_lm_head(target_lm, self.dtype) if heads.tied else None
+        self.heads = heads.to(device=target_lm.weight.device, dtype=self.dtype).eval()
+        if isinstance(target_lm, PackedLinear):  # the target's layers are prepacked: the heads' too
+            pack_linears(self.heads)
         accuracy = meta.get("accuracy")
         if self.config.tree == "auto" and accuracy:
             self.paths = best_paths(accuracy[: len(heads)], self.config.nodes)
@@ -78,10 +91,10 @@ class Medusa(Drafter):
         self.last = None
 
     def prefilled(self, features: dict[int, torch.Tensor]) -> None:
-        self.last = features[-1][-1:]
+        self.last = features[-1][-1:].to(self.dtype)
 
     def update(self, result: VerifyResult) -> None:
-        self.last = result.features[-1][-1:]  # the row whose next token is the new root
+        self.last = result.features[-1][-1:].to(self.dtype)  # the row whose next token is the new root
 
     def propose(self, state: DecodeState) -> Draft | None:
         depth = min(len(self.heads), state.max_depth)

@@ -49,7 +49,13 @@ from specbench.core.draft import (
     check_memory,
 )
 from specbench.drafting.automaton import SuffixAutomaton
-from specbench.drafting.eagle_drafter import EagleSettings, HeadDrafter, head_dir, published_head
+from specbench.drafting.eagle_drafter import (
+    EagleSettings,
+    HeadDrafter,
+    check_draft_dtype,
+    head_dir,
+    published_head,
+)
 from specbench.drafting.recycling import Recycler, check_tree
 from specbench.stores.naming import open_store, prepare_store
 
@@ -69,6 +75,7 @@ class SAMDecodingConfig:
     eagle_depth: int = 6  # auxiliary eagle: EAGLE-2's tree (levels, top-k, tokens with the root)
     eagle_top_k: int = 10
     eagle_total_tokens: int = 60
+    eagle_draft_dtype: str | None = None  # auxiliary eagle: the head's precision (null: the target's)
     topk: int = 8  # Token Recycling's candidates per token
     tree: str = "paper"  # Token Recycling's template: paper | cpu
     memory: str = "run"  # how long the candidate matrix lives: turn | sample | run
@@ -82,6 +89,7 @@ class SAMDecodingConfig:
             raise ValueError(f"sam_decoding: auxiliary must be one of {', '.join(AUXILIARIES)}, got '{self.auxiliary}'")
         check_tree("sam_decoding", self.tree, self.topk)
         check_memory("sam_decoding", self.memory)
+        check_draft_dtype(self.eagle_draft_dtype)
 
 
 def corpus_automaton(documents, max_tokens: int) -> SuffixAutomaton:
@@ -126,7 +134,7 @@ class SAMDecoding(ScopedMemory, Drafter):
         if self.config.auxiliary == "eagle":
             c = self.config
             settings = EagleSettings(head=c.head, depth=c.eagle_depth, top_k=c.eagle_top_k,
-                                     total_tokens=c.eagle_total_tokens)
+                                     total_tokens=c.eagle_total_tokens, draft_dtype=c.eagle_draft_dtype)
             self.eagle = HeadDrafter(settings, vocab_size=self.vocab_size, tokenizer=self.tokenizer,
                                      context=self.context)
             self.feature_layers = self.eagle.feature_layers

@@ -36,6 +36,7 @@ from specbench.paths import cache_root
 
 AUTO = "auto"
 TRAINED = "trained"
+DRAFT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -47,11 +48,41 @@ class EagleSettings:
     depth: int = 6
     top_k: int = 10
     total_tokens: int = 60
+    draft_dtype: str | None = None  # the head's precision (null: the target's); see draft_head_dtype
 
     def validate(self) -> None:
         if self.depth < 1 or self.top_k < 1 or self.total_tokens < 2:
             raise ValueError(f"eagle: need depth >= 1, top_k >= 1 and total_tokens >= 2, got {self.depth}, "
                              f"{self.top_k}, {self.total_tokens}")
+        check_draft_dtype(self.draft_dtype)
+
+
+def check_draft_dtype(name: str | None) -> None:
+    if name is not None and name not in DRAFT_DTYPES:
+        raise ValueError(f"draft_dtype must be null or one of {', '.join(DRAFT_DTYPES)}, got '{name}'")
+
+
+def draft_head_dtype(name: str | None, lm_head: torch.nn.Module) -> torch.dtype:
+    """The precision a head drafts in: ``draft_dtype`` when set, else the target's. Drafting in bfloat16
+    under an fp32 target halves the bytes each LM-head call reads (on a CPU, where those reads bound a
+    drafting step); verification stays in the target's precision, so the output does not change."""
+    return DRAFT_DTYPES[name] if name else lm_head.weight.dtype
+
+
+def draft_lm_head(lm_head: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """The target's LM head for drafting in ``dtype``: itself, or a copy in that precision (prepacked like it)."""
+    if lm_head.weight.dtype == dtype:
+        return lm_head
+    copy = torch.nn.Linear(lm_head.weight.shape[1], lm_head.weight.shape[0], bias=lm_head.bias is not None,
+                           device=lm_head.weight.device, dtype=dtype)
+    with torch.no_grad():
+        copy.weight.copy_(lm_head.weight)
+        if lm_head.bias is not None:
+            copy.bias.copy_(lm_head.bias)
+    holder = torch.nn.Sequential(copy.requires_grad_(False))
+    if isinstance(lm_head, PackedLinear):
+        pack_linears(holder)
+    return holder[0]
 
 
 def trained_head_dir(target: str, kind: str) -> Path:
@@ -168,10 +199,12 @@ class HeadDrafter(Drafter):
             raise ConfigError(f"{self.name}: the head in {self.config.head} is an {head.c.kind} head: "
                               f"use method={head.c.kind}")
         self.embed = target.get_input_embeddings()
-        self.lm_head = target.get_output_embeddings()
-        device = self.lm_head.weight.device  # where the final hidden states live
-        self.head: EagleHead = head.to(device=device, dtype=self.lm_head.weight.dtype).eval()
-        if isinstance(self.lm_head, PackedLinear):  # the target's layers are prepacked (hardware.linear): the head's too
+        target_lm = target.get_output_embeddings()
+        device = target_lm.weight.device  # where the final hidden states live
+        self.dtype = draft_head_dtype(self.config.draft_dtype, target_lm)
+        self.lm_head = draft_lm_head(target_lm, self.dtype) if head.c.kind == "eagle" else target_lm
+        self.head: EagleHead = head.to(device=device, dtype=self.dtype).eval()
+        if isinstance(target_lm, PackedLinear):  # the target's layers are prepacked (hardware.linear): the head's too
             pack_linears(self.head)
         self.device = device
         self.feature_layers = self.head.feature_layers
@@ -186,15 +219,18 @@ class HeadDrafter(Drafter):
     def start(self, prompt_ids: list[int]) -> None:
         self.cache, self.pending, self.start_pos = HeadCache(), None, 0
 
+    def _fuse(self, features: dict[int, torch.Tensor]) -> torch.Tensor:
+        return self.head.fuse({i: f.to(self.dtype) for i, f in features.items()})
+
     def prefilled(self, features: dict[int, torch.Tensor]) -> None:
-        self.pending, self.start_pos = self.head.fuse(features), 0
+        self.pending, self.start_pos = self._fuse(features), 0
 
     def update(self, result: VerifyResult) -> None:
-        self.pending, self.start_pos = self.head.fuse(result.features), self.root_pos
+        self.pending, self.start_pos = self._fuse(result.features), self.root_pos
 
     def _embed(self, tokens: list[int]) -> torch.Tensor:
         ids = torch.tensor(tokens, device=self.embed.weight.device)
-        return self.embed(ids).to(self.device)
+        return self.embed(ids).to(self.device, self.dtype)
 
     def _logprobs(self, hidden: torch.Tensor) -> torch.Tensor:
         """[n, V] log-probabilities over the target's vocabulary (EAGLE-3's draft vocabulary scattered into it)."""

@@ -454,6 +454,29 @@ def test_eagle_is_greedy_lossless_on_smollm2(smollm2, tmp_path):
                            [prompt], 24, eos=smollm2.eos_token_ids)
 
 
+def test_drafting_in_bfloat16_under_an_fp32_target_is_lossless(tiny_llama, tiny_head_dir, tiny_medusa_dir, smollm2,
+                                                               tmp_path):
+    """draft_dtype=bfloat16: the head and the LM head it reads run in bf16 (a copy, prepacked as the target's is),
+    verification in the target's fp32, so the output is the target's and guesses are still accepted."""
+    from specbench.models.packed import PackedLinear
+
+    target = Target(tiny_llama.model)
+    make = eagle_drafter(tiny_llama, tiny_head_dir, depth=4, top_k=3, total_tokens=10, draft_dtype="bfloat16")
+    recs = assert_greedy_lossless(target, make, PROMPTS, 40)
+    assert sum(sum(r.step_accepted) for r in recs) > 0
+    d = make()
+    assert d.lm_head.weight.dtype == torch.bfloat16 and next(d.head.parameters()).dtype == torch.bfloat16
+    assert tiny_llama.model.get_output_embeddings().weight.dtype == torch.float32  # the target's is untouched
+    make = eagle_drafter(tiny_llama, tiny_medusa_dir, Medusa, MedusaConfig, nodes=12, draft_dtype="bfloat16")
+    assert sum(sum(r.step_drafted) for r in assert_greedy_lossless(target, make, PROMPTS, 40)) > 0
+    torch.manual_seed(0)
+    save_head(EagleHead(HeadConfig.for_target("eagle", smollm2.model.config)), tmp_path / "h")
+    d = eagle_drafter(smollm2, tmp_path / "h", draft_dtype="bfloat16")()
+    assert isinstance(d.lm_head, PackedLinear) == isinstance(smollm2.model.get_output_embeddings(), PackedLinear)
+    with pytest.raises(ValueError, match="draft_dtype must be null or one of"):
+        EagleConfig(draft_dtype="int4").validate()
+
+
 @pytest.mark.slow  # the contract test checks every head method's sampling too, without the depth requirement
 def test_sampling_through_a_real_head_keeps_the_distribution(tmp_path):
     torch.manual_seed(0)
@@ -612,3 +635,5 @@ def test_train_command_then_a_run_reads_the_head(tmp_path, monkeypatch, capsys):
         run(make_cfg(*base, f"method={method}"))
     df = load_results(tmp_path / "r")
     assert set(df.method) >= {"eagle", "medusa"} and (df.tau >= 1).all()
+    heads = df[df.method != "autoregressive"]
+    assert (heads.head_source == "trained here").all() and heads.head_fingerprint.str.len().eq(16).all()
