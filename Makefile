@@ -119,7 +119,7 @@ train-eagle-head: setup ## train an EAGLE head (KIND=eagle|eagle3|medusa) for MO
 
 # The heads bench/README's figures were measured with (epochs per kind); each is trained once, then kept.
 HEAD_EPOCHS ?= eagle=3 eagle3=2 medusa=2
-bench-heads: setup ## SmolLM2's EAGLE, EAGLE-3 and Medusa heads for the benchmark, trained where missing (~50 min on 2 cores)
+bench-heads: setup ## SmolLM2's EAGLE, EAGLE-3 and Medusa heads for the benchmark, trained where missing (~1 h on 2 cores)
 	for ke in $(HEAD_EPOCHS); do k=$${ke%%=*}; e=$${ke#*=}; \
 	  $(PY) -c "import sys; from specbench.drafting.eagle_drafter import trained_head_dir as d; \
 	    sys.exit(not (d('smollm2-135m', '$$k') / 'config.json').is_file())" || \
