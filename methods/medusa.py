@@ -23,12 +23,10 @@ from specbench.drafting.eagle_drafter import (
     check_draft_dtype,
     draft_head_dtype,
     draft_lm_head,
-    head_dir,
-    head_provenance,
-    published_head,
+    preflight_head,
+    resolve_head,
 )
 from specbench.drafting.medusa_head import MC_SIM_7B_63, best_paths, load_medusa, tree_draft
-from specbench.errors import ConfigError
 from specbench.models.packed import PackedLinear, pack_linears
 
 TREES = ("auto", "mc_sim_7b_63")
@@ -58,18 +56,12 @@ class Medusa(Drafter):
 
     @classmethod
     def preflight(cls, config: MedusaConfig, run_cfg: Any) -> None:
-        head_dir(config.head, run_cfg.model.name, cls.KIND, fetch=False,
-                 published=published_head(run_cfg.model, cls.KIND))
+        preflight_head(config.head, run_cfg, cls.KIND)
 
     def __init__(self, config: MedusaConfig | None = None, **kwargs) -> None:
         super().__init__(config, **kwargs)
-        target = self.context.target_model
-        if target is None:
-            raise ConfigError("medusa: needs the target model (DrafterContext.target_model)")
-        path = head_dir(self.config.head, self.context.target_name, self.KIND,
-                        published=self.context.target_heads.get(self.KIND))
+        target, path, self.head_columns = resolve_head(self.name, self.config.head, self.context, self.KIND)
         heads, meta = load_medusa(path, target.config)
-        self.head_columns = head_provenance(self.config.head, path, self.context.target_heads.get(self.KIND))
         target_lm = target.get_output_embeddings()
         self.dtype = draft_head_dtype(self.config.draft_dtype, target_lm)
         self.lm_head = draft_lm_head(target_lm, self.dtype) if heads.tied else None

@@ -53,8 +53,7 @@ from specbench.drafting.eagle_drafter import (
     EagleSettings,
     HeadDrafter,
     check_draft_dtype,
-    head_dir,
-    published_head,
+    preflight_head,
 )
 from specbench.drafting.recycling import Recycler, check_tree
 from specbench.stores.naming import open_store, prepare_store
@@ -117,8 +116,7 @@ class SAMDecoding(ScopedMemory, Drafter):
         if config.datastore:
             prepare_store(cls.name, config, run_cfg)
         if config.auxiliary == "eagle":
-            head_dir(config.head, run_cfg.model.name, "eagle", fetch=False,
-                     published=published_head(run_cfg.model, "eagle"))
+            preflight_head(config.head, run_cfg, "eagle")
 
     def __init__(self, config: SAMDecodingConfig | None = None, **kwargs) -> None:
         super().__init__(config, **kwargs)

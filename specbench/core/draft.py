@@ -65,7 +65,7 @@ class ScopedMemory:
     ``self.config.memory`` (:data:`MEMORY_SCOPES`); the drafter defines :meth:`forget`, and
     :meth:`Drafter.new_turn` calls :meth:`begin_turn` before each generation."""
 
-    def forget(self) -> None:
+    def forget(self) -> None:  # abstract hook: each drafter clears its own learned state
         raise NotImplementedError
 
     def reset(self) -> None:

@@ -162,6 +162,20 @@ def head_provenance(setting: str, path: Path, published: str | None = None) -> d
     return {"head": setting, "head_source": source, "head_fingerprint": digest.hexdigest()[:16]}
 
 
+def preflight_head(setting: str, run_cfg: Any, kind: str) -> None:
+    """A run's check, before any model loads, that its head of ``kind`` can be found (fetched at load time)."""
+    head_dir(setting, run_cfg.model.name, kind, fetch=False, published=published_head(run_cfg.model, kind))
+
+
+def resolve_head(name: str, setting: str, context, kind: str) -> tuple[torch.nn.Module, Path, dict[str, str]]:
+    """What a head drafter (``name``) reads: the target, its head's directory, and the rows' head columns."""
+    if context.target_model is None:
+        raise ConfigError(f"{name}: needs the target model (DrafterContext.target_model)")
+    published = context.target_heads.get(kind)
+    path = head_dir(setting, context.target_name, kind, published=published)
+    return context.target_model, path, head_provenance(setting, path, published)
+
+
 def random_head(kind: str, target_config, directory: Path) -> Path:
     """An untrained head of ``kind`` (eagle, eagle3, medusa) for a target, saved in its published layout: what
     checks of losslessness use (what verification keeps does not depend on the head)."""
@@ -183,18 +197,12 @@ class HeadDrafter(Drafter):
 
     @classmethod
     def preflight(cls, config: EagleSettings, run_cfg: Any) -> None:
-        head_dir(config.head, run_cfg.model.name, cls.KIND, fetch=False,
-                 published=published_head(run_cfg.model, cls.KIND))
+        preflight_head(config.head, run_cfg, cls.KIND)
 
     def __init__(self, config: EagleSettings | None = None, **kwargs) -> None:
         super().__init__(config, **kwargs)
-        target = self.context.target_model
-        if target is None:
-            raise ConfigError(f"{self.name}: needs the target model (DrafterContext.target_model)")
-        path = head_dir(self.config.head, self.context.target_name, self.KIND,
-                        published=self.context.target_heads.get(self.KIND))
+        target, path, self.head_columns = resolve_head(self.name, self.config.head, self.context, self.KIND)
         head = load_head(path, target.config)
-        self.head_columns = head_provenance(self.config.head, path, self.context.target_heads.get(self.KIND))
         if head.c.kind != self.KIND:
             raise ConfigError(f"{self.name}: the head in {self.config.head} is an {head.c.kind} head: "
                               f"use method={head.c.kind}")

@@ -160,13 +160,13 @@ def unroll(head: EagleHead, x: torch.Tensor, embeds, steps: int) -> Iterator[tor
         rows = m - s
         visible = None
         if s > 0:
-            visible = torch.zeros(rows, len(cache) + rows, dtype=torch.bool)
-            visible[:, :m] = torch.ones(rows, m, dtype=torch.bool).tril()
-            base, r = m, torch.arange(rows)
+            visible = torch.zeros(rows, len(cache) + rows, dtype=torch.bool, device=x.device)
+            visible[:, :m] = torch.ones(rows, m, dtype=torch.bool, device=x.device).tril()
+            base, r = m, torch.arange(rows, device=x.device)
             for i in range(1, s + 1):  # the chain's own entries at t: steps 1 … s
                 visible[r, base + r] = True
                 base += m - i
-        x = head(x[:rows], embeds(s + 1, s + 1 + rows), torch.arange(s, s + rows), cache, visible)
+        x = head(x[:rows], embeds(s + 1, s + 1 + rows), torch.arange(s, s + rows, device=x.device), cache, visible)
         yield x
 
 
