@@ -65,7 +65,8 @@ class Medusa(Drafter):
         target_lm = target.get_output_embeddings()
         self.dtype = draft_head_dtype(self.config.draft_dtype, target_lm)
         self.lm_head = draft_lm_head(target_lm, self.dtype) if heads.tied else None
-        self.heads = heads.to(device=target_lm.weight.device, dtype=self.dtype).eval()
+        self.device = target_lm.weight.device  # beside the LM head it reads (the final states are brought here)
+        self.heads = heads.to(device=self.device, dtype=self.dtype).eval()
         if isinstance(target_lm, PackedLinear):  # the target's layers are prepacked: the heads' too
             pack_linears(self.heads)
         accuracy = meta.get("accuracy")
@@ -82,17 +83,24 @@ class Medusa(Drafter):
     def start(self, prompt_ids: list[int]) -> None:
         self.last = None
 
+    def _last(self, features: dict[int, torch.Tensor]) -> torch.Tensor:
+        """The final state of the row whose next token is the root, on the heads' device."""
+        return features[-1][-1:].to(self.device, self.dtype, non_blocking=True)
+
     def prefilled(self, features: dict[int, torch.Tensor]) -> None:
-        self.last = features[-1][-1:].to(self.dtype)
+        self.last = self._last(features)
 
     def update(self, result: VerifyResult) -> None:
-        self.last = result.features[-1][-1:].to(self.dtype)  # the row whose next token is the new root
+        self.last = self._last(result.features)
 
     def propose(self, state: DecodeState) -> Draft | None:
         depth = min(len(self.heads), state.max_depth)
         if self.last is None or depth < 1:
             return None
         logits = self.heads.logits(self.last, self.lm_head)[:depth, 0]
-        top = [logits[d].topk(self.ranks[d]).indices.tolist() if self.ranks[d] else [] for d in range(depth)]
+        widest = max(self.ranks[:depth])
+        # every head's candidates in one read (the first r of a sorted top-R are the top r)
+        ranked = logits.topk(widest, dim=-1).indices.tolist() if widest else [[] for _ in range(depth)]
+        top = [ranked[d][: self.ranks[d]] for d in range(depth)]
         tokens, parents = tree_draft(self.paths, top)
         return Draft(tokens=tokens, parents=parents, sources=[SOURCE_HEAD] * len(tokens))

@@ -22,8 +22,11 @@ and rejected entries never survive a step. Drafters never see the cache.
 
 Placement: the input ids, positions and mask go to the embedding's device (a
 sharded model's hooks move them on from there), the index of the rows whose
-logits are kept to the output layer's device, and the compaction index to each
-layer's cache device, once per device. On CUDA each comes from pinned host
+logits are kept to the device where the final hidden states come out, and the
+compaction index to each layer's cache device, once per device. The model runs
+as its base model plus its LM head, not through its top-level call: accelerate
+hooks that call on a sharded model and would bring every input and output to
+the first GPU. On CUDA each comes from pinned host
 memory without waiting for the device: a step's only host syncs are the ones
 that read its logits and the timing's.
 """
@@ -82,8 +85,12 @@ class Target:
         self.layer_types = list(getattr(config, "layer_types", None) or [])
         self.sliding_window = getattr(config, "sliding_window", None)
         self.has_sliding = "sliding_attention" in self.layer_types and bool(self.sliding_window)
+        self.base = model.base_model
+        self.lm_head = model.get_output_embeddings()
+        self.softcap = getattr(config, "final_logit_softcapping", None)
         self.device = model.get_input_embeddings().weight.device  # ids, positions and masks go here
-        self.head_device = model.get_output_embeddings().weight.device  # the kept rows' index goes here
+        # where the final hidden states come out (a sharded model's last GPU): the kept rows' index goes there
+        self.head_device = self.base.norm.weight.device if hasattr(self.base, "norm") else self.lm_head.weight.device
         self.devices = model_devices(model)
         self.dtype = next(model.parameters()).dtype
         self.is_cuda = any(d.type == "cuda" for d in self.devices)
@@ -113,21 +120,35 @@ class Target:
             return float("nan")
         return sum(torch.cuda.max_memory_allocated(d) for d in gpus) / 1e9
 
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head over final hidden states, as the model's own forward applies it (softcapping included)."""
+        logits = self.lm_head(hidden)
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
     def _forward(
         self, ids: torch.Tensor, positions: torch.Tensor, mask, cache, keep_last=0, features: tuple[int, ...] = ()
     ) -> torch.Tensor:
-        out = self.model(
+        # The base model, then the head on the rows kept: a model dispatched over GPUs carries a top-level hook
+        # that moves every tensor argument to the first GPU and every output back there, where the final hidden
+        # states (on the last GPU) cannot be indexed, and the heads that read them are not.
+        out = self.base(
             input_ids=ids,
             position_ids=positions,
             attention_mask=mask,
             past_key_values=cache,
             use_cache=True,
-            logits_to_keep=keep_last,
             output_hidden_states=bool(features),
         )
+        hidden = out.last_hidden_state[0]
+        if isinstance(keep_last, torch.Tensor):
+            hidden = hidden.index_select(0, keep_last)
+        elif keep_last:
+            hidden = hidden[-keep_last:]
         # hidden_states[0] is the embeddings' output, [i] layer i's input, [-1] the final norm's output
         self.features = {layer: out.hidden_states[layer][0] for layer in features} if features else {}
-        return out.logits[0]
+        return self.logits(hidden)
 
     def prefill(self, prompt_ids: list[int], cache: DynamicCache, features: tuple[int, ...] = ()) -> torch.Tensor:
         """Run the prompt; return the logits that follow its last token (and, in :attr:`features`, the hidden

@@ -42,23 +42,33 @@ class Tree:
 def grow(root_logprobs: torch.Tensor, expand: Callable[[list[int], Tree], torch.Tensor], *, depth: int,
          top_k: int) -> Tree:
     """Every candidate: the first level from ``root_logprobs`` [V]; ``expand(level, tree)`` returns
-    [len(level), V] log-probabilities of the children of the candidates ``level``."""
+    [len(level), V] log-probabilities of the children of the candidates ``level``.
+
+    Each level crosses from the device once: its top-k log-probabilities and token ids in one read (ids are
+    exact as float32 up to 2^24). Scores add up on the host, where the tree lives."""
     tree = Tree()
-    lp, ids = root_logprobs.float().topk(min(top_k, root_logprobs.shape[-1]))
-    level = [tree.add(t, -1, s) for t, s in zip(ids.tolist(), lp.tolist(), strict=True)]
+    lp, ids = _top(root_logprobs.float()[None], top_k)
+    level = [tree.add(t, -1, s) for t, s in zip(ids[0], lp[0], strict=True)]
     for _ in range(depth - 1):
         if not level:
             break
-        child_lp = expand(level, tree).float()
-        lp, ids = child_lp.topk(min(top_k, child_lp.shape[-1]), dim=-1)  # [k, k]
-        base = torch.tensor([tree.scores[i] for i in level])[:, None]
-        cum = (base + lp).flatten()
-        made = []
-        for j, (score, tok) in enumerate(zip(cum.tolist(), ids.flatten().tolist(), strict=True)):
-            made.append(tree.add(tok, level[j // ids.shape[1]], score))
-        best = sorted(range(len(made)), key=lambda j: (-cum[j].item(), j))[:top_k]
-        level = [made[j] for j in sorted(best, key=lambda j: (-cum[j].item(), j))]
+        lp, ids = _top(expand(level, tree).float(), top_k)  # [k, k] each, as host lists
+        made, cum = [], []
+        for parent, row_lp, row_ids in zip(level, lp, ids, strict=True):
+            base = tree.scores[parent]
+            for s, tok in zip(row_lp, row_ids, strict=True):
+                cum.append(base + s)
+                made.append(tree.add(tok, parent, base + s))
+        best = sorted(range(len(made)), key=lambda j: (-cum[j], j))[:top_k]
+        level = [made[j] for j in best]
     return tree
+
+
+def _top(logprobs: torch.Tensor, top_k: int) -> tuple[list[list[float]], list[list[int]]]:
+    """Each row's ``top_k`` best log-probabilities and their token ids, read to the host together."""
+    lp, ids = logprobs.topk(min(top_k, logprobs.shape[-1]), dim=-1)
+    both = torch.stack([lp, ids.to(lp.dtype)]).tolist()
+    return both[0], [[int(t) for t in row] for row in both[1]]
 
 
 def rerank(tree: Tree, nodes: int) -> tuple[list[int], list[int], list[float]]:

@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 import torch
 
 from specbench.core.draft import SOURCE_HEAD, DecodeState, Draft, Drafter, VerifyResult
+from specbench.core.forward import upload
 from specbench.drafting.dynamic_tree import grow, rerank
 from specbench.drafting.eagle_head import EagleHead, HeadCache, load_head
 from specbench.errors import ConfigError
@@ -208,7 +209,7 @@ class HeadDrafter(Drafter):
                               f"use method={head.c.kind}")
         self.embed = target.get_input_embeddings()
         target_lm = target.get_output_embeddings()
-        device = target_lm.weight.device  # where the final hidden states live
+        device = target_lm.weight.device  # beside the LM head it reads (features are brought here)
         self.dtype = draft_head_dtype(self.config.draft_dtype, target_lm)
         self.lm_head = draft_lm_head(target_lm, self.dtype) if head.c.kind == "eagle" else target_lm
         self.head: EagleHead = head.to(device=device, dtype=self.dtype).eval()
@@ -228,7 +229,8 @@ class HeadDrafter(Drafter):
         self.cache, self.pending, self.start_pos = HeadCache(), None, 0
 
     def _fuse(self, features: dict[int, torch.Tensor]) -> torch.Tensor:
-        return self.head.fuse({i: f.to(self.dtype) for i, f in features.items()})
+        # a sharded target's layers hand their states over on their own GPUs: the head reads them on its own
+        return self.head.fuse({i: f.to(self.device, self.dtype, non_blocking=True) for i, f in features.items()})
 
     def prefilled(self, features: dict[int, torch.Tensor]) -> None:
         self.pending, self.start_pos = self._fuse(features), 0
@@ -237,8 +239,8 @@ class HeadDrafter(Drafter):
         self.pending, self.start_pos = self._fuse(result.features), self.root_pos
 
     def _embed(self, tokens: list[int]) -> torch.Tensor:
-        ids = torch.tensor(tokens, device=self.embed.weight.device)
-        return self.embed(ids).to(self.device, self.dtype)
+        ids = upload(tokens, self.embed.weight.device)
+        return self.embed(ids).to(self.device, self.dtype, non_blocking=True)
 
     def _logprobs(self, hidden: torch.Tensor) -> torch.Tensor:
         """[n, V] log-probabilities over the target's vocabulary (EAGLE-3's draft vocabulary scattered into it)."""
@@ -257,7 +259,7 @@ class HeadDrafter(Drafter):
         for r, slots in enumerate(seen):
             vis[r, slots] = True
             vis[r, n + r] = True
-        return vis.to(self.device)
+        return upload(vis, self.device)
 
     def catch_up(self, tokens: list[int]) -> torch.Tensor | None:
         """Feed the head the pairs committed since the last step (``tokens``: the sequence, its root last);
@@ -270,7 +272,7 @@ class HeadDrafter(Drafter):
         self.pending = None
         self.cache.crop(s)  # the last tree's entries go; true features follow
         m = feats.shape[0]
-        vis = torch.ones(m, s + m, dtype=torch.bool).tril(s).to(self.device)
+        vis = upload(torch.ones(m, s + m, dtype=torch.bool).tril(s), self.device)
         positions = torch.arange(s, s + m, device=self.device)
         return self.head(feats, self._embed(tokens[s + 1 : s + m + 1]), positions, self.cache, vis)[-1:]
 
@@ -293,7 +295,7 @@ class HeadDrafter(Drafter):
                 seen.append(chain)
             vis = self._visible(len(level), seen)
             base = len(self.cache)
-            pos = torch.tensor([self.root_pos + tree.depths[i] - 1 for i in level], device=self.device)
+            pos = upload([self.root_pos + tree.depths[i] - 1 for i in level], self.device)
             out = self.head(feat, self._embed([tree.tokens[i] for i in level]), pos, self.cache, vis)
             for r, i in enumerate(level):
                 hidden[i], slot[i] = out[r], base + r

@@ -177,7 +177,9 @@ class Rotary(nn.Module):
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """``x`` [heads, n, d] rotated to ``positions`` [n]."""
         d = x.shape[-1]
-        inv = self.frequencies(x.device, int(positions.max()) + 1 if positions.numel() else 0)
+        dynamic = self.c.rope_scaling is not None and self.c.rope_scaling["rope_type"] == "dynamic"
+        # only dynamic scaling depends on how far positions reach: reading that is a host sync
+        inv = self.frequencies(x.device, int(positions.max()) + 1 if dynamic and positions.numel() else 0)
         ang = positions.to(torch.float32)[:, None] * inv[None]
         ang = torch.cat([ang, ang], -1)
         cos, sin = (ang.cos() * self.scale).to(x.dtype), (ang.sin() * self.scale).to(x.dtype)

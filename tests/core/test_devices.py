@@ -18,11 +18,11 @@ def test_upload_keeps_values_and_dtype():
     assert upload([0.5], "cpu", torch.float16).dtype == torch.float16
 
 
-def test_kept_rows_index_goes_to_the_output_layers_device(monkeypatch):
-    """A sharded model's final hidden states live where its output layer is: the kept rows' index goes there,
-    while ids, positions and the mask go to the embedding's device."""
+def test_kept_rows_index_goes_where_the_final_hidden_states_are(monkeypatch):
+    """A sharded model's final hidden states come out of its final norm, on the last GPU: the kept rows' index
+    goes there, while ids, positions and the mask go to the embedding's device."""
     model = build("llama")
-    model.lm_head.to("meta")
+    model.model.norm.to("meta")
     target = Target(model)
     assert target.device == torch.device("cpu") and target.head_device == torch.device("meta")
     assert model_devices(model) == [torch.device("cpu"), torch.device("meta")]
