@@ -173,6 +173,8 @@ class SAMDecoding(ScopedMemory, Drafter):
 
     def propose(self, state: DecodeState) -> Draft | None:
         lookup = self._sync(state.tokens)
+        # every forward's rows teach the recycler, a suffix-automaton step's too: under this step's root
+        self.recycler.root = state.tokens[-1]
         depth = state.max_depth
         if depth < 1:
             return None

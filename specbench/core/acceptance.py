@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from specbench.core.draft import Draft
+from specbench.core.forward import upload
 
 
 @dataclass(frozen=True)
@@ -90,9 +91,54 @@ def sample(weights: torch.Tensor, generator: torch.Generator | None = None) -> i
     ``u`` lies in (0, 1] and the search takes the first index whose cumulative
     weight reaches ``u`` × total, so a zero-weight token is never drawn.
     """
-    u = 1.0 - float(torch.rand((), dtype=torch.float64, generator=generator))
+    return int(_draw(weights, _uniform(generator)))
+
+
+def _uniform(generator: torch.Generator | None) -> float:
+    return 1.0 - float(torch.rand((), dtype=torch.float64, generator=generator))
+
+
+def _draw(weights: torch.Tensor, u: float) -> torch.Tensor:
+    """The token of :func:`sample` for the uniform ``u``, as a 0-dim tensor on the weights' device."""
     cdf = weights.double().cumsum(-1)
-    return int(torch.searchsorted(cdf, cdf[-1:] * u))
+    return torch.searchsorted(cdf, cdf[-1:] * u)[0]
+
+
+def _decide(p: torch.Tensor, xs: list[int], q: torch.Tensor | None, generator: torch.Generator | None
+            ) -> tuple[int, int]:
+    """One node of the sampling walk: the index in ``xs`` (its children's tokens, in priority order) of the
+    child accepted, else ``len(xs)`` and the token drawn from what every rejection left. ``q``: the children's
+    draft distributions ([len(xs), V]), or None for deterministic guesses (q = δ_x).
+
+    Every child's test and the fallback draw are computed on the device without reading anything back, so a
+    node costs one host read whatever its number of children; the uniforms come from the CPU ``generator``
+    (len(xs) + 1 per node), so every device draws the same stream."""
+    m = len(xs)
+    r = torch.rand(m, dtype=torch.float64, generator=generator) if m else None
+    u = _uniform(generator)
+    if not m:
+        return 0, int(_draw(p, u))
+    r = upload(r, p.device)
+    if q is None:
+        # child j sees p renormalised after j rejections: accept when p(x_j) > r_j · (mass not yet tried)
+        idx = upload(xs, p.device)
+        first_try = [x not in xs[:j] for j, x in enumerate(xs)]  # a repeated token has mass 0 by then
+        px = p.double()[idx] * upload(first_try, p.device, torch.float64)
+        left = p.double().sum() - (px.cumsum(0) - px)
+        ok = px > r * left
+        rest = p.index_fill(-1, idx, 0.0)
+    else:
+        rest, oks = p, []
+        for j, x in enumerate(xs):  # accept with probability min(1, p(x)/q(x)); else norm(max(p - q, 0))
+            oks.append(rest[x] > r[j] * q[j, x])
+            rest = torch.clamp(rest - q[j], min=0.0)
+            total = rest.sum()
+            rest = torch.where(total > 0, rest / total, p)
+        ok = torch.stack(oks)
+    rest = torch.where(rest.sum() > 0, rest, p)  # all mass tried: only through rounding
+    first = torch.where(ok.any(), ok.int().argmax(), m)
+    j, token = torch.stack([first, _draw(rest, u)]).tolist()
+    return j, token
 
 
 def accept(
@@ -126,28 +172,15 @@ def accept(
             path.append(nxt)
             node = nxt
 
-    # Sampling. Per-node work stays where the logits are; the only host syncs are one
-    # bool per accept/reject decision and the final sampled token.
+    # Sampling: one node at a time along the walked path, each with one host read (see _decide).
     q_all = None if draft.draft_probs is None else draft.draft_probs.to(logits.device, torch.float32)
     node = -1
     while True:
-        p = probs = target_probs(logits[node + 1], params)  # only rows on the walked path
-        nxt = None
-        for c in kids[node + 1]:
-            x = draft.tokens[c]
-            q = None if q_all is None else q_all[c]  # None: a deterministic guess, q = δ_x
-            r = float(torch.rand((), generator=generator))
-            if bool(p[x] > r * (1.0 if q is None else q[x])):  # accept with probability min(1, p(x)/q(x))
-                nxt = c
-                break
-            if q is None:
-                p = p.clone()
-                p[x] = 0.0
-            else:
-                p = torch.clamp(p - q, min=0.0)
-            total = p.sum()
-            p = torch.where(total > 0, p / total, probs)  # total 0 only through rounding (p was q)
-        if nxt is None:
-            return path, [draft.tokens[i] for i in path] + [sample(p, generator)]
-        path.append(nxt)
-        node = nxt
+        probs = target_probs(logits[node + 1], params)  # only rows on the walked path
+        children = kids[node + 1]
+        q = None if q_all is None or not children else q_all[upload(children, logits.device)]
+        j, token = _decide(probs, [draft.tokens[c] for c in children], q, generator)
+        if j == len(children):
+            return path, [draft.tokens[i] for i in path] + [token]
+        path.append(children[j])
+        node = children[j]

@@ -175,3 +175,19 @@ def test_preflight_names_the_build_command_before_the_model_loads(tmp_path, hand
     SAMDecoding.preflight(cfg, run_cfg)  # a path: found, and the drafter reads it from there
     assert SAMDecoding(cfg, vocab_size=40).static.tokens[:3] == [20, 21, 22]
     SAMDecoding.preflight(SAMDecodingConfig(), run_cfg)  # no store: nothing to check
+
+
+def test_recycled_candidates_are_filed_under_the_steps_own_root():
+    """A step that drafts a suffix-automaton chain still teaches the recycler, under that step's root (not the
+    root of the last step the recycler drafted)."""
+    sam = SAMDecoding(SAMDecodingConfig(len_threshold=2, num_draft=2, topk=4, tree="cpu"), vocab_size=40)
+    state = lambda tokens: DecodeState(tokens, 1, 64, 1)  # noqa: E731
+    first = sam.propose(state([7]))  # nothing matched: the recycler's turn (and nothing known yet)
+    assert first is None and sam.recycler.root == 7
+    chain = sam.propose(state([7, 1, 2, 3, 9, 1, 2]))  # "1 2" seen before: the automaton copies "3 9 ..."
+    assert chain is not None and chain.sources[0] == SOURCE_PROMPT
+    logits = torch.zeros(1 + len(chain.tokens), 40)
+    logits[0, 33], logits[0, 34] = 2.0, 1.0  # what the target predicted after the root (2)
+    sam.update(VerifyResult([], [33], chain, logits=logits, root_logits=logits[0]))
+    assert sam.recycler.matrix.candidates(2)[:2] == [33, 34]
+    assert sam.recycler.matrix.candidates(7) == []
