@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator
@@ -183,15 +184,17 @@ def build_store(folder: Path, vocab: int, texts: list[list[int]]) -> Path:
     return write_store(folder / "store", docs, tokenizer=ident, source={}, progress=False).path
 
 
-def drafters(target: Target, vocab: int, workdir: Path, texts: list[list[int]]) -> dict[str, Callable[[], Drafter]]:
-    """A fresh drafter per call, for every registered method (the baseline included)."""
+def drafters(target: Target, vocab: int, workdir: Path, texts: list[list[int]],
+             only: tuple[str, ...] | None = None) -> dict[str, Callable[[], Drafter]]:
+    """A fresh drafter per call, for every registered method (the baseline included), or those ``only`` names."""
+    workdir.mkdir(parents=True, exist_ok=True)
     store = build_store(workdir, vocab, texts)
     hidden = target.model.config.hidden_size
     layers = target.model.config.num_hidden_layers
     context = DrafterContext(sampling=SamplingParams(), device=target.device, dtype=target.dtype,
                              target_model=target.model, target_name=TARGET_NAME)
     out = {}
-    for name in method_names():
+    for name in only or method_names():
         config = build_method_config(name, method_settings(name, store, workdir, hidden, layers, target.model.config))
         cls = get_method(name)
         out[name] = lambda cls=cls, config=config: cls(config, vocab_size=vocab, seed=0, context=context)
@@ -212,13 +215,17 @@ def check_methods(target: Target, dtype: str, model_name: str, texts: list[list[
     """fp32: every method's output equals the baseline's; fp16/bf16: every output a greedy fixed point
     within twice the baseline's own margin (or 1% of the logits' spread)."""
     makers = drafters(target, target.model.config.vocab_size, workdir, texts)
-    outputs = {name: [generate(target, make(), p, max_new_tokens=new_tokens).output_ids for p in texts]
-               for name, make in makers.items()}
+    outputs, crashed = {}, []
+    for name, make in makers.items():  # each in isolation: a crash is that method's failed row
+        try:
+            outputs[name] = [generate(target, make(), p, max_new_tokens=new_tokens).output_ids for p in texts]
+        except Exception as err:  # noqa: BLE001 - reported, and the other methods still run
+            crashed.append((f"{name} runs", model_name, dtype, False, f"{type(err).__name__}: {str(err)[:160]}"))
     base = outputs["autoregressive"]
     if dtype == "fp32":
         wrong = [n for n, outs in outputs.items() if outs != base]
-        return [("lossless", model_name, dtype, not wrong,
-                 f"{len(outputs)} methods equal autoregressive" if not wrong else f"differ: {', '.join(wrong)}")]
+        return crashed + [("lossless", model_name, dtype, not wrong,
+                           f"{len(outputs)} methods equal autoregressive" if not wrong else f"differ: {', '.join(wrong)}")]
     with torch.inference_mode():
         spread = float(target.model(input_ids=torch.tensor([texts[0]], device=target.device)).logits.float().std())
     allowed = max(2 * max(margins(target, p, o) for p, o in zip(texts, base, strict=True)), 0.01 * spread)
@@ -227,7 +234,7 @@ def check_methods(target: Target, dtype: str, model_name: str, texts: list[list[
     same = sum(outs == base for outs in outputs.values())
     detail = (f"worst margin {max(worst.values()):.2f} ≤ {allowed:.2f}; {same}/{len(outputs)} equal autoregressive"
               if not bad else f"margin over {allowed:.2f}: {', '.join(bad)}")
-    return [("fixed point", model_name, dtype, not bad, detail)]
+    return crashed + [("fixed point", model_name, dtype, not bad, detail)]
 
 
 def check_device_map(model: torch.nn.Module, dtype: str, model_name: str, texts: list[list[int]], new_tokens: int,
@@ -251,8 +258,36 @@ def check_device_map(model: torch.nn.Module, dtype: str, model_name: str, texts:
         results.append([generate(target, d, p, max_new_tokens=new_tokens).output_ids
                         for p in texts for d in (Drafter(vocab_size=0), make(vocab_size=loaded.vocab_size))])
     how = "device_map=auto on one GPU vs loaded straight onto it" if device == "cuda" else "two loads (CPU)"
-    return ("device_map", model_name, dtype, results[0] == results[1], how + ": same outputs"
-            if results[0] == results[1] else how + ": outputs differ")
+    rows = [("device_map", model_name, dtype, results[0] == results[1], how + (": same outputs" if results[0] == results[1] else ": outputs differ"))]
+    if device == "cuda":  # one GPU goes through accelerate's hooks too: half the layers on it, half on the CPU
+        rows.append(check_split(folder, dtype, model_name, texts, new_tokens, workdir, results[0]))
+    return rows
+
+
+def check_split(folder: Path, dtype: str, model_name: str, texts: list[list[int]], new_tokens: int, workdir: Path,
+                expected: list[list[int]]) -> Row:
+    """The model split between cuda:0 and the CPU (nothing is timed), so one GPU runs a sharded model's hooks: the
+    baseline and a tree method with aux nodes give the GPU-alone outputs, and an EAGLE head drafts."""
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, dtype={"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype],
+        attn_implementation="sdpa", device_map=split_map(folder)).eval()
+    target, vocab = Target(model), model.config.vocab_size
+    try:
+        got = [generate(target, d, p, max_new_tokens=new_tokens).output_ids
+               for p in texts for d in (Drafter(vocab_size=0), get_method("spectra_core")(vocab_size=vocab))]
+        eagle = drafters(target, vocab, workdir / "split", texts, only=("eagle",))["eagle"]
+        [generate(target, eagle(), p, max_new_tokens=new_tokens) for p in texts]
+    except Exception as err:  # noqa: BLE001 - the row says what broke
+        return ("cuda:0 + CPU split", model_name, dtype, False, f"{type(err).__name__}: {str(err)[:160]}")
+    return ("cuda:0 + CPU split", model_name, dtype, got == expected, "hooks between cuda:0 and the CPU: "
+            + ("same outputs, EAGLE ran" if got == expected else "outputs differ"))
+
+
+def split_map(folder: Path) -> dict[str, Any]:
+    """Embedding and the first half of the layers on GPU 0, the rest (final norm, LM head) on the CPU."""
+    n = json.loads((folder / "config.json").read_text())["num_hidden_layers"]
+    return {"model.embed_tokens": 0, **{f"model.layers.{i}": 0 if i < n // 2 else "cpu" for i in range(n)},
+            "model.norm": "cpu", "model.rotary_emb": "cpu", "lm_head": "cpu"}
 
 
 # ----------------------------------------------------------------------------- speed
@@ -338,7 +373,7 @@ def run_checks(device: str, *, tiny: bool = False, layers: int = 4, speed_layers
                 rows += check_methods(target, dtype, model_name, texts, new_tokens, work)
                 if dtype == "fp16" or (tiny and dtype == "fp32"):
                     progress(f"{model_name} {dtype}: device_map")
-                    rows.append(check_device_map(model, dtype, model_name, texts[:1], new_tokens, work, device))
+                    rows += check_device_map(model, dtype, model_name, texts[:1], new_tokens, work, device)
                 if model is not base:
                     del model, target
             del base

@@ -24,6 +24,7 @@ from specbench import data as datasets_
 from specbench.core.acceptance import SamplingParams
 from specbench.errors import ConfigError
 from specbench.models import check_weights, resolve_hardware
+from specbench.paths import CONF_DIR
 from specbench.provenance import config_hash
 from specbench.results.metrics import BASELINE
 from specbench.results.rows import run_dir_path, run_file_path, run_name
@@ -162,6 +163,11 @@ def _warn_device_fit(cfg: DictConfig) -> None:
     if device == "cuda" and preset.endswith("-cpu"):
         print(f"warning: method={preset} is sized for a CPU; on this GPU the paper's budget is "
               f"method={preset.removesuffix('-cpu')}", file=sys.stderr)
+    cpu_twin = CONF_DIR / "method" / f"{preset}-cpu.yaml"
+    if device == "cpu" and cpu_twin.is_file() and effective_budget(cfg) != "auto":
+        print(f"note: method={preset} runs the paper's GPU budget (blocks of up to ~120 tokens a forward), which "
+              f"a CPU pays for nearly token by token: method={preset}-cpu or budget=auto sizes it for this CPU",
+              file=sys.stderr)
     params_b = cfg.model.get("params_b")
     if device == "cpu" and params_b and float(params_b) > 1:
         print(f"warning: model {cfg.model.name} has ~{float(params_b):g}B parameters and will decode on the CPU, "

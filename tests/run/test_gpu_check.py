@@ -91,3 +91,19 @@ def test_speed_layers_shrink_to_the_gpus_free_memory():
     assert gpu_check.fit_layers(shape, 32, 2, None) == 32 and gpu_check.fit_layers(shape, 32, 2, 80 * 10**9) == 32
     assert 20 < gpu_check.fit_layers(shape, 32, 2, 16 * 10**9) < 32
     assert gpu_check.fit_layers(shape, 32, 2, 10**9) == 1
+
+
+def test_a_crashing_method_is_a_failed_row_and_the_rest_still_run(small, tmp_path, monkeypatch):
+    target, texts = small
+    real = gpu_check.generate
+
+    def generate(target_, drafter, prompt, **kw):
+        if getattr(drafter, "name", "") == "pld":
+            raise RuntimeError("boom")
+        return real(target_, drafter, prompt, **kw)
+
+    monkeypatch.setattr(gpu_check, "generate", generate)
+    monkeypatch.setattr(gpu_check, "method_names", lambda: ["autoregressive", "pld", "anpd"])
+    rows = check_methods(target, "fp32", "small", texts[:1], 8, tmp_path)
+    assert ("pld runs", "small", "fp32", False, "RuntimeError: boom") in rows
+    assert any(r[0] == "lossless" and r[3] and "2 methods" in r[4] for r in rows)

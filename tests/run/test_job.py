@@ -101,3 +101,16 @@ def test_execute_runs_from_the_job_alone(tmp_path):
     df = load_results(tmp_path)
     assert set(df.method) == {"pld", BASELINE} and summary.attrs["results"] == str(job.folder)
     assert (df.new_tokens <= 8).all()
+
+
+def test_a_paper_preset_on_a_laptop_says_what_it_runs(tmp_path, monkeypatch, capsys):
+    """`python run.py method=spectra` finding no GPU says it runs the paper's GPU budget and names the CPU sizing;
+    the CPU preset, budget=auto, and a method without a CPU twin say nothing."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    plan(cfg_for(tmp_path, "method=spectra_core"))
+    err = capsys.readouterr().err
+    assert "method=spectra_core runs the paper's GPU budget" in err and "method=spectra_core-cpu or budget=auto" in err
+    assert err.count("\n") == 1
+    for quiet in (("method=spectra_core-cpu",), ("method=spectra_core", "budget=auto"), ("method=pld",)):
+        plan(cfg_for(tmp_path, *quiet))
+        assert "GPU budget" not in capsys.readouterr().err, quiet
