@@ -19,6 +19,7 @@ import torch
 
 from methods.registry import register_method
 from specbench.core.draft import SOURCE_HEAD, DecodeState, Draft, Drafter, VerifyResult
+from specbench.core.forward import runs_on
 from specbench.drafting.eagle_drafter import (
     check_draft_dtype,
     draft_head_dtype,
@@ -65,7 +66,7 @@ class Medusa(Drafter):
         target_lm = target.get_output_embeddings()
         self.dtype = draft_head_dtype(self.config.draft_dtype, target_lm)
         self.lm_head = draft_lm_head(target_lm, self.dtype) if heads.tied else None
-        self.device = target_lm.weight.device  # beside the LM head it reads (the final states are brought here)
+        self.device = runs_on(target_lm)  # beside the LM head it reads (the final states are brought here)
         self.heads = heads.to(device=self.device, dtype=self.dtype).eval()
         if isinstance(target_lm, PackedLinear):  # the target's layers are prepacked: the heads' too
             pack_linears(self.heads)

@@ -41,6 +41,8 @@ from unittest import mock
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils import _device
+from torch.utils._device import _device_constructors
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
@@ -68,7 +70,9 @@ class SimTensor(torch.Tensor):
     elem: torch.Tensor
 
     @staticmethod
-    def __new__(cls, elem: torch.Tensor, device: torch.device):
+    def __new__(cls, elem: torch.Tensor, device: torch.device | None = None, requires_grad: bool | None = None):
+        if device is None:  # called as a parameter's class (accelerate re-making an offloaded weight on meta)
+            return torch.nn.Parameter(elem, requires_grad=bool(requires_grad))
         r = torch.Tensor._make_wrapper_subclass(
             cls, elem.size(), strides=elem.stride(), storage_offset=elem.storage_offset(), dtype=elem.dtype,
             layout=elem.layout, device=device, requires_grad=elem.requires_grad)
@@ -94,8 +98,13 @@ def _elem(x):
 
 
 def _gpu_index(device):
-    """A bare index as a device names the current accelerator: ``cuda:i`` here."""
-    return torch.device("cuda", device) if isinstance(device, int) and not isinstance(device, bool) else device
+    """A bare index as a device names the current accelerator: ``cuda:i`` here; ``cuda`` alone, the current GPU
+    (CUDA resolves it through a device guard, which a CPU build cannot set)."""
+    if isinstance(device, int) and not isinstance(device, bool):
+        return torch.device("cuda", device)
+    if isinstance(device, (str, torch.device)) and str(device) == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def _site() -> str:
@@ -288,6 +297,11 @@ class _Devices(TorchDispatchMode):
                                    f"devices, {d} and {logical(v)}! (simulated CUDA, {func})")
 
 
+def _in_gpu_block() -> bool:
+    current = _device.CURRENT_DEVICE
+    return current is not None and torch.device(current).type == "cuda"
+
+
 class _Factories(TorchFunctionMode):
     """What the dispatcher's Python key does not see: ``torch.tensor``/``as_tensor`` straight onto a GPU (made on
     the host, then copied, as CUDA does), and host reads done outside aten (``tolist``, ``numpy``)."""
@@ -302,6 +316,8 @@ class _Factories(TorchFunctionMode):
             return torch.device("cuda", args[0])  # a bare index names the current accelerator
         if "device" in kwargs:  # likewise where a device is asked for
             kwargs["device"] = _gpu_index(kwargs["device"])
+        elif _in_gpu_block() and func in _device_constructors():
+            kwargs["device"] = _gpu_index(_device.CURRENT_DEVICE)  # a `with torch.device("cuda")` block's
         if func is torch.Tensor.to and len(args) > 1:
             args = (args[0], _gpu_index(args[1]), *args[2:])
         if func in (torch.tensor, torch.as_tensor) and kwargs.get("device") is not None \

@@ -11,6 +11,7 @@ a K/V head become ``groups × q`` query rows of that head, the mask's q rows are
 and one SDPA call over the K/V heads as stored gives the same attention. Everything else (no mask, one
 token, no groups, a per-head mask) goes to transformers' own ``sdpa``. :func:`fold_gqa` switches a model's
 sdpa layers to it; ``hardware.gqa=repeat`` keeps transformers' behaviour (to measure one against the other).
+:func:`grouped_sdpa` is the same fold for attention written here (the EAGLE heads' layer).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 NAME = "sdpa_gqa_fold"
+_GQA_KERNEL = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")  # sdpa groups K/V heads (torch ≥ 2.5)
 
 
 def folded_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -39,6 +41,25 @@ def folded_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
     mask = attention_mask[:, :, :, : key.shape[-2]].repeat(1, 1, groups, 1)  # row g·q + i is row i
     out = F.scaled_dot_product_attention(rows, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling)
     return out.reshape(batch, heads, q_len, value.shape[-1]).transpose(1, 2).contiguous(), None
+
+
+def grouped_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor | None) -> torch.Tensor:
+    """SDPA on 4-D tensors, K and V as stored: ``q`` [heads, n, d], ``k``/``v`` [kv_heads, length, d], query
+    head h reading K/V head h // groups. A mask folds each group into the query rows (the K/V head's
+    ``groups × n`` rows, the mask tiled), as :func:`folded_sdpa` does for the target's layers;
+    causal attention over a fresh sequence (training) hands the groups to the kernel. Returns [heads, n, d]."""
+    heads, n, d = q.shape
+    kv_heads = k.shape[0]
+    groups = heads // kv_heads
+    if visible is not None:
+        rows = q.reshape(1, kv_heads, groups * n, d)  # query head h = kv head h // groups, rows g·n + i
+        mask = visible.repeat(groups, 1)[None, None]
+        out = F.scaled_dot_product_attention(rows, k[None], v[None], attn_mask=mask)
+        return out.reshape(heads, n, v.shape[-1])
+    if groups > 1 and not _GQA_KERNEL:
+        k, v = k.repeat_interleave(groups, 0), v.repeat_interleave(groups, 0)
+    extra = {"enable_gqa": True} if groups > 1 and _GQA_KERNEL else {}
+    return F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True, **extra)[0]
 
 
 def _register() -> None:

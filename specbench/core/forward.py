@@ -40,11 +40,23 @@ from transformers import DynamicCache
 from specbench.core.draft import Draft
 
 
+def runs_on(module: torch.nn.Module) -> torch.device:
+    """Where ``module`` computes: its accelerate hook's execution device (an offloaded module's weights wait on
+    ``meta`` between forwards), else its first weight's device."""
+    device = getattr(getattr(module, "_hf_hook", None), "execution_device", None)
+    return torch.device(device) if device is not None else next(module.parameters()).device
+
+
 def model_devices(model: torch.nn.Module) -> list[torch.device]:
-    """Every device holding a parameter of ``model``, in the order the parameters come."""
+    """Every device ``model`` computes on, in the order its modules come (offloaded weights: their hook's)."""
     seen: dict[torch.device, None] = {}
-    for param in model.parameters():
-        seen.setdefault(param.device, None)
+    for module in model.modules():
+        device = getattr(getattr(module, "_hf_hook", None), "execution_device", None)
+        if device is not None:
+            seen.setdefault(torch.device(device), None)
+        for param in module.parameters(recurse=False):
+            if param.device.type != "meta":
+                seen.setdefault(param.device, None)
     return list(seen)
 
 
@@ -88,9 +100,9 @@ class Target:
         self.base = model.base_model
         self.lm_head = model.get_output_embeddings()
         self.softcap = getattr(config, "final_logit_softcapping", None)
-        self.device = model.get_input_embeddings().weight.device  # ids, positions and masks go here
+        self.device = runs_on(model.get_input_embeddings())  # ids, positions and masks go here
         # where the final hidden states come out (a sharded model's last GPU): the kept rows' index goes there
-        self.head_device = self.base.norm.weight.device if hasattr(self.base, "norm") else self.lm_head.weight.device
+        self.head_device = runs_on(self.base.norm if hasattr(self.base, "norm") else self.lm_head)
         self.devices = model_devices(model)
         self.dtype = next(model.parameters()).dtype
         self.is_cuda = any(d.type == "cuda" for d in self.devices)

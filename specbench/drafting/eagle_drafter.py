@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 import torch
 
 from specbench.core.draft import SOURCE_HEAD, DecodeState, Draft, Drafter, VerifyResult
-from specbench.core.forward import upload
+from specbench.core.forward import runs_on, upload
 from specbench.drafting.dynamic_tree import grow, rerank
 from specbench.drafting.eagle_head import EagleHead, HeadCache, load_head
 from specbench.errors import ConfigError
@@ -209,7 +209,7 @@ class HeadDrafter(Drafter):
                               f"use method={head.c.kind}")
         self.embed = target.get_input_embeddings()
         target_lm = target.get_output_embeddings()
-        device = target_lm.weight.device  # beside the LM head it reads (features are brought here)
+        device = runs_on(target_lm)  # beside the LM head it reads (features are brought here)
         self.dtype = draft_head_dtype(self.config.draft_dtype, target_lm)
         self.lm_head = draft_lm_head(target_lm, self.dtype) if head.c.kind == "eagle" else target_lm
         self.head: EagleHead = head.to(device=device, dtype=self.dtype).eval()
@@ -239,7 +239,7 @@ class HeadDrafter(Drafter):
         self.pending, self.start_pos = self._fuse(result.features), self.root_pos
 
     def _embed(self, tokens: list[int]) -> torch.Tensor:
-        ids = upload(tokens, self.embed.weight.device)
+        ids = upload(tokens, runs_on(self.embed))
         return self.embed(ids).to(self.device, self.dtype, non_blocking=True)
 
     def _logprobs(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specbench.core.attention import grouped_sdpa
 from specbench.errors import ConfigError
 
 KINDS = ("eagle", "eagle3")
@@ -248,13 +249,7 @@ class Attention(nn.Module):
         q, k = self.rotary(q, positions), self.rotary(k, positions)
         if cache is not None:
             k, v = cache.append(k, v)
-        group = c.num_attention_heads // c.num_key_value_heads
-        k, v = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)
-        if visible is None:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible[None])
-        return self.o_proj(out.transpose(0, 1).reshape(n, -1))
+        return self.o_proj(grouped_sdpa(q, k, v, visible).transpose(0, 1).reshape(n, -1))
 
 
 class MLP(nn.Module):

@@ -145,12 +145,14 @@ def _available_bytes(hw: dict, quantization: str | None = None) -> tuple[int, st
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "cpu"
 
 
-def _memory_check(cfg: dict, hw: dict) -> None:
+def _memory_check(cfg: dict, hw: dict, have: tuple[int, str] | None = None) -> None:
+    """Refuse, in one line, a model whose weights (``params_b``) exceed the memory available (``have``:
+    bytes and where, else :func:`_available_bytes`)."""
     if not cfg.get("params_b"):
         return
     dtype = cfg.get("dtype", "float32")
     need = cfg["params_b"] * 1e9 * (1 if cfg.get("quantization") == "int8" else DTYPES[dtype].itemsize)
-    have, where = _available_bytes(hw, cfg.get("quantization"))
+    have, where = have or _available_bytes(hw, cfg.get("quantization"))
     if need > have:
         raise ModelLoadError(
             f"model '{cfg['name']}' needs ~{need / 1e9:.0f} GB in {dtype} but {where} has {have / 1e9:.0f} GB available: "

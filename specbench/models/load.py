@@ -14,6 +14,7 @@ from specbench.errors import ModelLoadError
 from specbench.models.config import DTYPES, _hardware, _memory_check, _plain, model_config_check
 from specbench.models.packed import pack_linears, wants_packed
 from specbench.models.placement import check_placed, draft_hardware, placement_kwargs
+from specbench.models.shards import share_layer_inputs
 from specbench.models.tiny import _build_tiny, build_tiny_tokenizer
 from specbench.models.weights import _weights_source
 
@@ -98,6 +99,7 @@ def load_model(model_cfg, hardware_cfg=None) -> LoadedModel:
         model.to(hw["device"])
     model.eval()
     check_placed(model, name, hw)
+    share_layer_inputs(model)  # a sharded model: the mask, cos/sin and positions copied once per device
     if hw["gqa"] == "fold" and attn == "sdpa":
         fold_gqa(model)  # a no-op without grouped-query attention
     linear = "plain"

@@ -1,88 +1,48 @@
-"""The GPU paths, checked on random-weight models built from configs: no weights, no internet.
+"""The GPU paths, checked on random-weight models built from configs (:mod:`specbench.run.gpu_models`): no
+weights, no internet. Correctness runs on a few layers of full width, speed on all 32. Each check returns rows
+``(check, model, dtype, ok, detail)``:
 
-Two shapes stand for the paper's models: Llama-2-7B (multi-head attention, 32k vocabulary) and
-Llama-3-8B (grouped-query attention, 128k vocabulary). Correctness runs on a few layers of full
-width, speed on all 32. Each check returns rows ``(check, model, dtype, ok, detail)``:
-
-- ``tree``: a multi-branch draft's logits against each branch run alone, in fp32, fp16 and bf16;
-- ``compaction``: the cache after keeping an accepted path against a fresh prefill of that path;
-- ``lossless``: every method's greedy output equals autoregressive decoding (fp32);
+- ``tree``: a multi-branch draft's logits against each branch run alone, in fp32, fp16 and bf16, after a short
+  prompt and after a 2k-token context;
+- ``compaction``: the cache after keeping an accepted path against a fresh prefill of that path (both contexts);
+- ``lossless``: every method's greedy output equals autoregressive decoding (fp32), after the short prompts and
+  (the tree and head methods) after the 2k-token context;
 - ``fixed point``: in fp16/bf16 (whose kernels differ with the block's shape) every output token is the
   argmax of a teacher-forced forward over the output, to within the baseline's own margin;
 - ``device_map``: the same weights loaded straight onto one GPU and through ``device_map=auto`` on it
-  give identical outputs.
+  give identical outputs;
+- sampling at T = 1, ``budget=auto``, a model split between cuda:0 and the CPU, and the 70B placement plan:
+  :mod:`specbench.run.gpu_scenarios`.
 
-:func:`speed` measures the cost curve (q = 1 … 128 at contexts to 4k) and, per method, draft and
-forward ms per step, τ, implicit host syncs per step (torch's sync debug mode: reads of GPU values and
-pageable copies; the timing's explicit synchronizes are not counted) and peak memory.
-
-Every function takes the device, so the same code runs on the CPU with tiny shapes (``tiny=True``) in
-the test suite. ``python -m specbench.gpu_check`` (:mod:`specbench.cli.gpu_check`) prints the table.
+:mod:`specbench.run.gpu_speed` measures the cost curve and the per-method speed table. Every function takes
+the device, so the same code runs on the CPU with tiny shapes (``tiny=True``) in the test suite.
+``python -m specbench.gpu_check`` (:mod:`specbench.cli.gpu_check`) prints the table.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import json
 import tempfile
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig
 
-from methods.registry import build_method_config, get_method, method_names
-from specbench.core.acceptance import SamplingParams
-from specbench.core.attention import fold_gqa
+from methods.registry import get_method
 from specbench.core.decode import generate
-from specbench.core.draft import Draft, Drafter, DrafterContext
+from specbench.core.draft import Draft, Drafter
 from specbench.core.forward import Target
+from specbench.run.gpu_models import DTYPES, SHAPES, TINY, Row, build, drafters, margins, prompts
+from specbench.run.gpu_scenarios import check_budget_auto, check_sampling, check_split, plan_70b
+from specbench.run.gpu_speed import fit_layers, speed
 
-SHAPES = {
-    "llama2-7b": dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_attention_heads=32,
-                      num_key_value_heads=32, max_position_embeddings=4096, rms_norm_eps=1e-5),
-    "llama3-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
-                      num_key_value_heads=8, max_position_embeddings=8192, rope_theta=500000.0, rms_norm_eps=1e-5),
-}
-TINY = {  # the same two kinds of attention, small enough for a CPU
-    "llama2-7b": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                      num_key_value_heads=4, max_position_embeddings=4096),
-    "llama3-8b": dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=8192, rope_theta=500000.0),
-}
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+__all__ = ["SHAPES", "TINY", "build", "check_compaction", "check_methods", "check_tree", "fit_layers", "prompts",
+           "run_checks"]
+
 # Largest tree-vs-branch logit difference allowed, in standard deviations of the logits.
 TREE_TOLERANCE = {"fp32": 1e-3, "fp16": 2e-2, "bf16": 1e-1}
-SHARPEN = 4.0  # the output layer scaled up: random models then make greedy choices far from ties
-TARGET_NAME = "gpu-check"
-
-Row = tuple[str, str, str, bool, str]
-
-
-def build(shape: dict, layers: int, dtype: torch.dtype, device: str | torch.device, seed: int = 0) -> torch.nn.Module:
-    """A random-weight Llama of ``shape`` with ``layers`` layers, initialised on ``device`` directly."""
-    config = LlamaConfig(num_hidden_layers=layers, **shape)
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
-    with torch.no_grad():
-        model.get_output_embeddings().weight.mul_(SHARPEN)
-    fold_gqa(model)  # as load_model does (hardware.gqa=fold)
-    return model.eval()
-
-
-def prompts(vocab: int, n: int = 2, length: int = 48, seed: int = 1) -> list[list[int]]:
-    """Prompts with repeats in them (a phrase twice), so that copying drafters find something."""
-    gen = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(n):
-        phrase = torch.randint(3, vocab, (length // 3,), generator=gen).tolist()
-        filler = torch.randint(3, vocab, (length - 2 * len(phrase),), generator=gen).tolist()
-        out.append(phrase + filler + phrase)
-    return out
+LONG_CONTEXT = 2048
+LONG_METHODS = ("autoregressive", "spectra_core", "lookahead", "eagle", "eagle3", "medusa")  # at 2k tokens
 
 
 # ----------------------------------------------------------------------------- the forward and the cache
@@ -103,7 +63,7 @@ def _paths(draft: Draft) -> list[list[int]]:
 
 
 @torch.inference_mode()
-def check_tree(target: Target, dtype: str, model_name: str, prefix: list[int]) -> Row:
+def check_tree(target: Target, dtype: str, model_name: str, prefix: list[int], check: str = "tree") -> Row:
     """The tree's logits against each branch run alone through a plain causal forward."""
     cache = target.new_cache()
     target.prefill(prefix[:-1], cache)
@@ -116,11 +76,12 @@ def check_tree(target: Target, dtype: str, model_name: str, prefix: list[int]) -
         rows = [0] + [1 + i for i in path]
         worst = max(worst, float((tree[rows].to(plain.device) - plain).abs().max()) / scale)
     ok = worst <= TREE_TOLERANCE[dtype]
-    return ("tree", model_name, dtype, ok, f"max |Δlogit| {worst:.1e} σ (≤ {TREE_TOLERANCE[dtype]:.0e})")
+    return (check, model_name, dtype, ok, f"max |Δlogit| {worst:.1e} σ (≤ {TREE_TOLERANCE[dtype]:.0e})")
 
 
 @torch.inference_mode()
-def check_compaction(target: Target, dtype: str, model_name: str, prefix: list[int]) -> Row:
+def check_compaction(target: Target, dtype: str, model_name: str, prefix: list[int],
+                     check: str = "compaction") -> Row:
     """Keeping :data:`TREE`'s second branch (nodes 3 → 4, rows that must move forward past the first branch)
     leaves the cache a fresh prefill of that path would make."""
     cache = target.new_cache()
@@ -135,86 +96,21 @@ def check_compaction(target: Target, dtype: str, model_name: str, prefix: list[i
     for kept, ref in zip(cache.layers, fresh.layers, strict=True):
         for a, b in ((kept.keys, ref.keys), (kept.values, ref.values)):
             if a.shape != b.shape:
-                return ("compaction", model_name, dtype, False, f"cache shape {tuple(a.shape)} vs {tuple(b.shape)}")
+                return (check, model_name, dtype, False, f"cache shape {tuple(a.shape)} vs {tuple(b.shape)}")
             worst = max(worst, float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-6)))
     ok = worst <= TREE_TOLERANCE[dtype]
-    return ("compaction", model_name, dtype, ok, f"max |ΔKV| {worst:.1e} of the largest entry")
+    return (check, model_name, dtype, ok, f"max |ΔKV| {worst:.1e} of the largest entry")
 
 
 # ----------------------------------------------------------------------------- every method
 
 
-def method_settings(name: str, store: Path | None, head_dir: Path, hidden: int, layers: int,
-                    model_config: Any = None) -> dict[str, Any]:
-    """What a method needs beyond its defaults to run here: the check's store, a self-draft of the
-    target's first layers, an acceptance head (random: it only decides where a draft stops), an EAGLE or
-    Medusa head (random: verification keeps the target's tokens whatever it proposes)."""
-    from specbench.drafting.acceptance_head import AcceptanceHead, save_head
-    from specbench.drafting.eagle_drafter import random_head
-
-    config_cls = get_method(name).Config
-    fields = {f.name for f in dataclasses.fields(config_cls)} if dataclasses.is_dataclass(config_cls) else set()
-    params: dict[str, Any] = {}
-    if "datastore" in fields and store is not None:
-        params["datastore"] = str(store)
-    if "refine" in fields:
-        params["refine"] = False
-    if "draft_model" in fields:
-        params.update(draft_model="self", self_first_layers=max(1, layers // 4), self_skip_layers=None)
-    if "head_path" in fields:
-        config = build_method_config(name, params)
-        path = head_dir / f"{name}.pt"
-        torch.manual_seed(0)
-        save_head(path, AcceptanceHead(hidden, 2), {"target": TARGET_NAME, "draft": config.identity(),
-                                                     "temperature": 0.0})
-        params["head_path"] = str(path)
-    kind = getattr(get_method(name), "KIND", None)
-    if "head" in fields and kind and model_config is not None:
-        params["head"] = str(random_head(kind, model_config, head_dir / f"{name}-head"))
-    return params
-
-
-def build_store(folder: Path, vocab: int, texts: list[list[int]]) -> Path:
-    """A small retrieval store over the prompts' tokens and random documents of this vocabulary."""
-    from specbench.stores.datastore import write_store
-
-    gen = torch.Generator().manual_seed(2)
-    docs = [list(t) for t in texts] + [torch.randint(3, vocab, (64,), generator=gen).tolist() for _ in range(32)]
-    ident = {"name": TARGET_NAME, "vocab_size": vocab, "vocab_sha256": "0" * 64}
-    return write_store(folder / "store", docs, tokenizer=ident, source={}, progress=False).path
-
-
-def drafters(target: Target, vocab: int, workdir: Path, texts: list[list[int]],
-             only: tuple[str, ...] | None = None) -> dict[str, Callable[[], Drafter]]:
-    """A fresh drafter per call, for every registered method (the baseline included), or those ``only`` names."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    store = build_store(workdir, vocab, texts)
-    hidden = target.model.config.hidden_size
-    layers = target.model.config.num_hidden_layers
-    context = DrafterContext(sampling=SamplingParams(), device=target.device, dtype=target.dtype,
-                             target_model=target.model, target_name=TARGET_NAME)
-    out = {}
-    for name in only or method_names():
-        config = build_method_config(name, method_settings(name, store, workdir, hidden, layers, target.model.config))
-        cls = get_method(name)
-        out[name] = lambda cls=cls, config=config: cls(config, vocab_size=vocab, seed=0, context=context)
-    return out
-
-
-@torch.inference_mode()
-def margins(target: Target, prompt: list[int], output: list[int]) -> float:
-    """The largest teacher-forced argmax margin of ``output``: max over tokens of (best logit − its logit)."""
-    ids = torch.tensor([prompt + output], device=target.device)
-    logits = target.model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
-    chosen = logits.gather(-1, torch.tensor(output, device=logits.device)[:, None])[:, 0]
-    return float((logits.max(-1).values - chosen).max()) if output else 0.0
-
-
 def check_methods(target: Target, dtype: str, model_name: str, texts: list[list[int]], new_tokens: int,
-                  workdir: Path) -> list[Row]:
-    """fp32: every method's output equals the baseline's; fp16/bf16: every output a greedy fixed point
-    within twice the baseline's own margin (or 1% of the logits' spread)."""
-    makers = drafters(target, target.model.config.vocab_size, workdir, texts)
+                  workdir: Path, only: tuple[str, ...] | None = None, context: str = "") -> list[Row]:
+    """fp32: every method's (or those ``only``) output equals the baseline's; fp16/bf16: every output a greedy
+    fixed point within twice the baseline's own margin (or 1% of the logits' spread). ``context`` names the
+    prompts in the rows (" , 2k context")."""
+    makers = drafters(target, target.model.config.vocab_size, workdir, texts, only=only)
     outputs, crashed = {}, []
     for name, make in makers.items():  # each in isolation: a crash is that method's failed row
         try:
@@ -224,7 +120,7 @@ def check_methods(target: Target, dtype: str, model_name: str, texts: list[list[
     base = outputs["autoregressive"]
     if dtype == "fp32":
         wrong = [n for n, outs in outputs.items() if outs != base]
-        return crashed + [("lossless", model_name, dtype, not wrong,
+        return crashed + [("lossless" + context, model_name, dtype, not wrong,
                            f"{len(outputs)} methods equal autoregressive" if not wrong else f"differ: {', '.join(wrong)}")]
     with torch.inference_mode():
         spread = float(target.model(input_ids=torch.tensor([texts[0]], device=target.device)).logits.float().std())
@@ -234,7 +130,7 @@ def check_methods(target: Target, dtype: str, model_name: str, texts: list[list[
     same = sum(outs == base for outs in outputs.values())
     detail = (f"worst margin {max(worst.values()):.2f} ≤ {allowed:.2f}; {same}/{len(outputs)} equal autoregressive"
               if not bad else f"margin over {allowed:.2f}: {', '.join(bad)}")
-    return crashed + [("fixed point", model_name, dtype, not bad, detail)]
+    return crashed + [("fixed point" + context, model_name, dtype, not bad, detail)]
 
 
 def check_device_map(model: torch.nn.Module, dtype: str, model_name: str, texts: list[list[int]], new_tokens: int,
@@ -264,113 +160,52 @@ def check_device_map(model: torch.nn.Module, dtype: str, model_name: str, texts:
     return rows
 
 
-def check_split(folder: Path, dtype: str, model_name: str, texts: list[list[int]], new_tokens: int, workdir: Path,
-                expected: list[list[int]]) -> Row:
-    """The model split between cuda:0 and the CPU (nothing is timed), so one GPU runs a sharded model's hooks: the
-    baseline and a tree method with aux nodes give the GPU-alone outputs, and an EAGLE head drafts."""
-    model = AutoModelForCausalLM.from_pretrained(
-        folder, dtype={"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype],
-        attn_implementation="sdpa", device_map=split_map(folder)).eval()
-    target, vocab = Target(model), model.config.vocab_size
-    try:
-        got = [generate(target, d, p, max_new_tokens=new_tokens).output_ids
-               for p in texts for d in (Drafter(vocab_size=0), get_method("spectra_core")(vocab_size=vocab))]
-        eagle = drafters(target, vocab, workdir / "split", texts, only=("eagle",))["eagle"]
-        [generate(target, eagle(), p, max_new_tokens=new_tokens) for p in texts]
-    except Exception as err:  # noqa: BLE001 - the row says what broke
-        return ("cuda:0 + CPU split", model_name, dtype, False, f"{type(err).__name__}: {str(err)[:160]}")
-    return ("cuda:0 + CPU split", model_name, dtype, got == expected, "hooks between cuda:0 and the CPU: "
-            + ("same outputs, EAGLE ran" if got == expected else "outputs differ"))
+# ----------------------------------------------------------------------------- all of them
 
 
-def split_map(folder: Path) -> dict[str, Any]:
-    """Embedding and the first half of the layers on GPU 0, the rest (final norm, LM head) on the CPU."""
-    n = json.loads((folder / "config.json").read_text())["num_hidden_layers"]
-    return {"model.embed_tokens": 0, **{f"model.layers.{i}": 0 if i < n // 2 else "cpu" for i in range(n)},
-            "model.norm": "cpu", "model.rotary_emb": "cpu", "lm_head": "cpu"}
-
-
-# ----------------------------------------------------------------------------- speed
-
-
-@contextlib.contextmanager
-def count_syncs() -> Iterator[list]:
-    """Count implicit host syncs (torch.cuda's sync debug mode) inside the block; [] off CUDA."""
-    caught: list = []
-    if not torch.cuda.is_available():
-        yield caught
-        return
-    torch.cuda.set_sync_debug_mode("warn")
-    try:
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
-            yield caught
-        caught.extend(w for w in seen if "synchroniz" in str(w.message))
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-
-
-def speed(target: Target, model_name: str, texts: list[list[int]], new_tokens: int, workdir: Path,
-          cost_qs=None) -> tuple[Any, list[dict[str, Any]]]:
-    """The cost curve and, per method, τ, draft and forward ms per step, host syncs per step, peak memory."""
-    from specbench.budget.costs import QS, measure
-
-    vocab = target.model.config.vocab_size
-    curve = measure(target, vocab, qs=cost_qs or QS, context_length=target.model.config.max_position_embeddings)
-    rows = []
-    for name, make in drafters(target, vocab, workdir, texts).items():
-        generate(target, make(), texts[0], max_new_tokens=8)  # warm-up
-        target.reset_peak_memory()
-        steps = tokens = 0
-        draft_s = forward_s = 0.0
-        with count_syncs() as syncs:
-            for prompt in texts:
-                rec = generate(target, make(), prompt, max_new_tokens=new_tokens)
-                steps += rec.steps
-                tokens += rec.new_tokens
-                draft_s += sum(rec.step_draft_s[1:])
-                forward_s += sum(rec.step_times[1:]) - sum(rec.step_draft_s[1:])
-        decode_steps = max(steps - len(texts), 1)
-        rows.append({"model": model_name, "method": name, "tau": tokens / steps,
-                     "draft_ms": 1000 * draft_s / decode_steps, "forward_ms": 1000 * forward_s / decode_steps,
-                     "syncs": len(syncs) / decode_steps if torch.cuda.is_available() else float("nan"),
-                     "peak_gb": target.peak_memory_gb()})
-    return curve, rows
-
-
-def fit_layers(shape: dict, layers: int, bytes_per_param: int, free_bytes: int | None) -> int:
-    """As many of ``layers`` as fit in 80% of ``free_bytes`` (all of them when it is None)."""
-    h, v, f = shape["hidden_size"], shape["vocab_size"], shape["intermediate_size"]
-    kv = h * shape["num_key_value_heads"] // shape["num_attention_heads"]
-    per_layer = (2 * h * h + 2 * h * kv + 3 * h * f) * bytes_per_param
-    fixed = 2 * v * h * bytes_per_param
-    if free_bytes is None:
-        return layers
-    return max(1, min(layers, int((0.8 * free_bytes - fixed) // per_layer)))
+def correctness(target: Target, dtype: str, model_name: str, texts: list[list[int]], long: list[int],
+                new_tokens: int, work: Path) -> list[Row]:
+    """The rows of one model in one dtype: tree and compaction after a short prompt and after ``long``, every
+    method greedy, the tree and head methods after ``long``, sampling at T = 1 (not bf16), budget=auto (fp32)."""
+    rows = [check_tree(target, dtype, model_name, texts[0]), check_compaction(target, dtype, model_name, texts[0]),
+            check_tree(target, dtype, model_name, long, check=f"tree, {len(long)} context"),
+            check_compaction(target, dtype, model_name, long, check=f"compaction, {len(long)} context")]
+    rows += check_methods(target, dtype, model_name, texts, new_tokens, work)
+    rows += check_methods(target, dtype, model_name, [long], new_tokens // 2, work / "long", only=LONG_METHODS,
+                          context=f", {len(long)} context")
+    if dtype != "bf16":
+        rows += check_sampling(target, dtype, model_name, texts, new_tokens, work / "sampling")
+    if dtype == "fp32":
+        expected = [generate(target, Drafter(vocab_size=0), p, max_new_tokens=new_tokens).output_ids for p in texts]
+        rows.append(check_budget_auto(target, dtype, model_name, texts, new_tokens, work / "auto", expected))
+    return rows
 
 
 def run_checks(device: str, *, tiny: bool = False, layers: int = 4, speed_layers: int = 32, new_tokens: int = 48,
-               speed_tokens: int = 64, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
-    """Every check and the speed table on ``device``; ``tiny`` uses :data:`TINY` shapes (the CPU self-test)."""
-    shapes = TINY if tiny else SHAPES
-    rows: list[Row] = []
+               speed_tokens: int = 64, long_context: int = LONG_CONTEXT, models: tuple[str, ...] | None = None,
+               dtypes: tuple[str, ...] | None = None, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+    """Every check and the speed table on ``device``; ``tiny`` uses :data:`TINY` shapes (the CPU self-test);
+    ``long_context``: the tokens of the long prompt; ``models`` and ``dtypes``: some of them (all when None)."""
+    shapes = {k: v for k, v in (TINY if tiny else SHAPES).items() if models is None or k in models}
+    rows: list[Row] = [plan_70b()]
     speeds: list[dict[str, Any]] = []
     curves: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="specbench-gpu-check-") as tmp:
         for model_name, shape in shapes.items():
             texts = prompts(shape["vocab_size"])
+            (long,) = prompts(shape["vocab_size"], n=1, length=long_context, seed=3)
             base = build(shape, layers, torch.float32, device)
             for dtype, torch_dtype in DTYPES.items():
-                progress(f"{model_name} {dtype}: tree, compaction, methods")
+                if dtypes is not None and dtype not in dtypes:
+                    continue
+                progress(f"{model_name} {dtype}: tree, compaction, methods, sampling, budget=auto, long context")
                 model = base if dtype == "fp32" else build(shape, layers, torch_dtype, device)
                 if dtype != "fp32":
                     model.load_state_dict(base.state_dict())
                 target = Target(model)
                 work = Path(tmp) / f"{model_name}-{dtype}"
                 work.mkdir()
-                rows.append(check_tree(target, dtype, model_name, texts[0]))
-                rows.append(check_compaction(target, dtype, model_name, texts[0]))
-                rows += check_methods(target, dtype, model_name, texts, new_tokens, work)
+                rows += correctness(target, dtype, model_name, texts, long, new_tokens, work)
                 if dtype == "fp16" or (tiny and dtype == "fp32"):
                     progress(f"{model_name} {dtype}: device_map")
                     rows += check_device_map(model, dtype, model_name, texts[:1], new_tokens, work, device)

@@ -7,7 +7,7 @@ import torch
 
 from specbench.core import forward
 from specbench.core.draft import Draft
-from specbench.core.forward import Target, block_layout, model_devices, upload
+from specbench.core.forward import Target, block_layout, model_devices, runs_on, upload
 from tests.core.test_tree_forward import PREFIX, build
 
 
@@ -25,7 +25,7 @@ def test_kept_rows_index_goes_where_the_final_hidden_states_are(monkeypatch):
     model.model.norm.to("meta")
     target = Target(model)
     assert target.device == torch.device("cpu") and target.head_device == torch.device("meta")
-    assert model_devices(model) == [torch.device("cpu"), torch.device("meta")]
+    assert model_devices(model) == [torch.device("cpu")]  # weights on meta are not computed there
     seen = {}
 
     def fake_forward(ids, positions, mask, cache, keep_last=0, features=()):
@@ -38,6 +38,18 @@ def test_kept_rows_index_goes_where_the_final_hidden_states_are(monkeypatch):
     target.forward_draft(5, draft, target.new_cache())
     assert seen == dict(ids=torch.device("cpu"), positions=torch.device("cpu"), mask=torch.device("cpu"),
                         keep=torch.device("meta"))
+
+
+def test_an_offloaded_module_runs_where_its_hook_executes_it():
+    """accelerate keeps an offloaded module's weights on meta between forwards and runs it on its hook's
+    execution device: the core sends the kept rows, and counts the device, there."""
+    from types import SimpleNamespace
+
+    model = build("llama")
+    model.model.norm.to("meta")
+    model.model.norm._hf_hook = SimpleNamespace(execution_device="cpu")
+    assert runs_on(model.model.norm) == torch.device("cpu") and Target(model).head_device == torch.device("cpu")
+    assert model_devices(model) == [torch.device("cpu")]
 
 
 @pytest.mark.parametrize("kind", ["llama", "gemma3"])

@@ -187,6 +187,47 @@ def test_the_head_cache_appends_and_crops_like_concatenation():
     assert torch.equal(w.grad, torch.full_like(w, 3.0))
 
 
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])
+def test_head_attention_runs_4d_on_the_stored_kv_heads_and_equals_repeating_them(kv_heads, monkeypatch):
+    """The head's attention hands SDPA 4-D tensors and K/V as stored (no copy per query head), tree mask and
+    causal alike, and gives what repeating K/V to every query head gives."""
+    import torch.nn.functional as F
+
+    from specbench.drafting.eagle_head import Attention
+
+    attn = Attention(tiny_config("eagle", num_key_value_heads=kv_heads), HIDDEN)
+    real, seen = F.scaled_dot_product_attention, []
+
+    def spy(q, k, v, *args, **kwargs):
+        seen.append((q.dim(), k.shape[-3]))
+        return real(q, k, v, *args, **kwargs)
+
+    def reference(x, positions, keys, values, visible):
+        n, heads, d = x.shape[0], 4, HIDDEN // 4
+        q = attn.rotary(attn.q_proj(x).view(n, heads, d).transpose(0, 1), positions)
+        k, v = keys.repeat_interleave(heads // kv_heads, 0), values.repeat_interleave(heads // kv_heads, 0)
+        scores = (q @ k.transpose(1, 2)) / d ** 0.5
+        scores = scores.masked_fill(~visible, float("-inf")) if visible is not None else scores.masked_fill(
+            torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+        return attn.o_proj((scores.softmax(-1) @ v).transpose(0, 1).reshape(n, -1))
+
+    from specbench.drafting.eagle_head import HeadCache
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    with torch.no_grad():
+        x, cache = torch.randn(5, HIDDEN), HeadCache()
+        out = attn(x, torch.arange(5), cache, None)  # causal over a fresh sequence (the training path)
+        assert torch.allclose(out, reference(x, torch.arange(5), cache.keys[:, :5], cache.values[:, :5], None),
+                              atol=1e-5)
+        tree = torch.randn(3, HIDDEN)
+        visible = torch.ones(3, 8, dtype=torch.bool)
+        visible[1, 5], visible[2, 6] = False, False  # siblings do not see each other
+        out = attn(tree, torch.tensor([5, 6, 6]), cache, visible)
+        assert torch.allclose(out, reference(tree, torch.tensor([5, 6, 6]), cache.keys[:, :8], cache.values[:, :8],
+                                             visible), atol=1e-5)
+    assert seen == [(4, kv_heads), (4, kv_heads)]
+
+
 def test_head_errors_name_the_fix(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
     with pytest.raises(ConfigError, match="make train-eagle-head MODEL=smollm2-135m"):

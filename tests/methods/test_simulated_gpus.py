@@ -227,3 +227,16 @@ def test_host_traffic_per_step_stays_within_the_methods_ceiling(case, models, st
     pageable = sum((t.pageable_sites for t in steps), Counter())
     assert not pageable, f"pageable uploads on the hot path: {dict(pageable)}"
     assert sum(rec.step_drafted) > 0 or case == "autoregressive"
+
+
+@pytest.mark.parametrize("gpus", [2, 4])
+def test_each_gpu_receives_a_steps_mask_and_rotary_once_not_once_per_layer(gpus, models, store, heads, saved):
+    """accelerate's hooks copy every layer's inputs to its GPU; the mask, cos/sin and positions are the same for
+    every layer, so each GPU gets them once a step (specbench.models.shards): per step, at most the hidden
+    states and those four cross each GPU boundary, plus one read back. Copied per layer, a tree step over 2 GPUs
+    (4 layers each) made 19 copies."""
+    per_boundary = 5  # hidden states, mask, cos, sin, positions
+    for case in ("autoregressive", "spectra_core"):
+        _, steps = step_traffic(case, models[gpus], gpus, saved, store, heads)
+        worst = max(t.peer_copies for t in steps)
+        assert 0 < worst <= per_boundary * (gpus - 1) + 1, (case, worst)

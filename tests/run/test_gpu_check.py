@@ -9,7 +9,7 @@ from specbench.cli import gpu_check as cli
 from specbench.core import forward
 from specbench.core.draft import Drafter
 from specbench.core.forward import Target
-from specbench.run import gpu_check
+from specbench.run import gpu_check, gpu_models, gpu_scenarios
 from specbench.run.gpu_check import TINY, build, check_compaction, check_methods, check_tree, prompts
 
 
@@ -22,10 +22,13 @@ def test_without_cuda_it_refuses_in_one_line(monkeypatch, capsys):
 
 
 def test_every_check_runs_on_the_cpu_with_tiny_shapes(capsys):
-    cli.main(["--device", "cpu", "--tiny", "--layers", "2", "--speed-layers", "2", "--tokens", "16"])
+    cli.main(["--device", "cpu", "--tiny", "--layers", "2", "--speed-layers", "2", "--tokens", "16",
+              "--long-context", "160"])
     out = capsys.readouterr().out
     assert "FAILED" not in out and "checks passed" in out
-    for check in ("tree", "compaction", "lossless", "fixed point", "device_map"):
+    for check in ("tree", "compaction", "lossless", "fixed point", "device_map", "tree, 160 context",
+                  "compaction, 160 context", "lossless, 160 context", "sampling T = 1", "budget=auto",
+                  "70B plan (meta)"):
         assert f"| {check} |" in out
     assert out.count("| lossless | ") == 2 and f"{len(method_names())} methods equal autoregressive" in out
     assert all(f"| {m} |" in out for m in method_names())  # every method in the speed table
@@ -103,7 +106,68 @@ def test_a_crashing_method_is_a_failed_row_and_the_rest_still_run(small, tmp_pat
         return real(target_, drafter, prompt, **kw)
 
     monkeypatch.setattr(gpu_check, "generate", generate)
-    monkeypatch.setattr(gpu_check, "method_names", lambda: ["autoregressive", "pld", "anpd"])
+    monkeypatch.setattr(gpu_models, "method_names", lambda: ["autoregressive", "pld", "anpd"])
     rows = check_methods(target, "fp32", "small", texts[:1], 8, tmp_path)
     assert ("pld runs", "small", "fp32", False, "RuntimeError: boom") in rows
     assert any(r[0] == "lossless" and r[3] and "2 methods" in r[4] for r in rows)
+
+
+def test_the_sampling_check_catches_a_token_the_target_would_not_sample(small, tmp_path, monkeypatch):
+    target, texts = small
+    real = gpu_scenarios.generate
+    monkeypatch.setattr(gpu_models, "method_names", lambda: ["autoregressive", "pld"])
+    (row,) = gpu_scenarios.check_sampling(target, "fp32", "m", texts[:1], 8, tmp_path)
+    assert row[0] == "sampling T = 1" and row[3], row
+
+    def generate(target_, drafter, prompt, **kw):  # pld samples greedily: the target's likeliest tokens
+        rec = real(target_, drafter, prompt, **kw)
+        if drafter.name == "pld":
+            rec.output_ids = real(target_, Drafter(vocab_size=0), prompt, max_new_tokens=len(rec.output_ids)).output_ids
+        return rec
+
+    monkeypatch.setattr(gpu_scenarios, "generate", generate)
+    (row,) = gpu_scenarios.check_sampling(target, "fp32", "m", texts[:1], 8, tmp_path / "b")
+    assert not row[3] and "pld" in row[4]
+
+
+def test_the_budget_check_names_a_method_whose_planned_drafts_change_the_output(small, tmp_path, monkeypatch):
+    target, texts = small
+    real = gpu_scenarios.generate
+    monkeypatch.setattr(gpu_models, "method_names", lambda: ["autoregressive", "pld", "spectra_core"])
+    expected = [real(target, Drafter(vocab_size=0), p, max_new_tokens=8).output_ids for p in texts[:1]]
+    row = gpu_scenarios.check_budget_auto(target, "fp32", "m", texts[:1], 8, tmp_path, expected, qs=(1, 8))
+    assert row[3] and "2 methods" in row[4], row
+
+    def generate(target_, drafter, prompt, **kw):
+        rec = real(target_, drafter, prompt, **kw)
+        if drafter.name == "spectra_core" and kw.get("planner") is not None:
+            rec.output_ids[-1] = (rec.output_ids[-1] + 1) % 100
+        return rec
+
+    monkeypatch.setattr(gpu_scenarios, "generate", generate)
+    row = gpu_scenarios.check_budget_auto(target, "fp32", "m", texts[:1], 8, tmp_path / "b", expected, qs=(1, 8))
+    assert not row[3] and "spectra_core" in row[4]
+
+
+def test_the_70b_plan_fits_four_h100s_offloads_on_small_gpus_and_refuses_one_gpu():
+    ok = gpu_scenarios.plan_70b(gpu_bytes=80 * 2**30, gpus=4)
+    assert ok[3] and "69.0B parameters" in ok[4] and "refused before loading" in ok[4]
+    per_gpu = [int(n) for n in ok[4].split("layers per GPU ")[1].split(";")[0].split("/")]
+    assert sum(per_gpu) == 80
+    small = gpu_scenarios.plan_70b(gpu_bytes=24 * 2**30, gpus=4)  # 96 GiB cannot hold 138 GB of weights
+    assert not small[3] and "offloaded" in small[4]
+
+
+def test_every_check_passes_on_a_simulated_gpu():
+    """gpu-check's CUDA path as a lent GPU runs it (torch.cuda's queries, the sync debug mode, the model split
+    between cuda:0 and host memory through accelerate's offload hooks), on one simulated GPU."""
+    from tests.simgpu import simulated_gpus
+
+    with simulated_gpus(1, 8 * 2**30):
+        result = gpu_check.run_checks("cuda", tiny=True, layers=2, speed_layers=2, new_tokens=8, speed_tokens=8,
+                                      long_context=64, models=("llama3-8b",), dtypes=("fp32",))
+    failed = [r for r in result["checks"] if not r[3]]
+    assert not failed, failed
+    names = {r[0] for r in result["checks"]}
+    assert {"device_map", "cuda:0 + CPU split", "sampling T = 1", "budget=auto", "lossless, 64 context"} <= names
+    assert all(r["syncs"] == r["syncs"] for r in result["speed"])  # counted (NaN without CUDA)
