@@ -12,6 +12,7 @@ sampling alike.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,6 +81,11 @@ class Medusa(Drafter):
 
     def provenance(self) -> dict[str, Any]:
         return self.head_columns
+
+    def spawn(self) -> Medusa:
+        twin = copy.copy(self)  # the same heads (shared weights); the last state is per request
+        twin.last = None
+        return twin
 
     def start(self, prompt_ids: list[int]) -> None:
         self.last = None

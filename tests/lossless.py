@@ -28,7 +28,7 @@ from scipy.stats import chisquare
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from specbench.core.acceptance import SamplingParams, target_probs
-from specbench.core.decode import generate
+from specbench.core.decode import Request, decode_batch, generate
 from specbench.core.draft import DecodeState, Drafter
 from specbench.core.forward import Target
 
@@ -94,13 +94,23 @@ def small_vocab_target(seed: int = 0) -> Target:
 
 
 class _Length:
-    """Stands in for a KV cache: only its length matters to a bigram target."""
+    """Stands in for a KV cache: only its rows' lengths matter to a bigram target."""
 
-    def __init__(self) -> None:
-        self.n = 0
+    def __init__(self, slots: int = 1) -> None:
+        self.slots, self.lengths = slots, [0] * slots
 
     def get_seq_length(self) -> int:
-        return self.n
+        return max(self.lengths)
+
+    def commit(self, lo, keeps):
+        for r, keep in enumerate(keeps):
+            self.lengths[lo + r] += len(keep)
+
+    def clear(self, slot):
+        self.lengths[slot] = 0
+
+    def move(self, src, dst):
+        self.lengths[dst], self.lengths[src] = self.lengths[src], 0
 
 
 class BigramTarget(Target):
@@ -121,25 +131,32 @@ class BigramTarget(Target):
 
         return Out
 
-    def new_cache(self):
-        return _Length()
+    def new_cache(self, slots=1, limit=None):
+        return _Length(slots)
 
-    def prefill(self, prompt_ids, cache, features=()):
-        cache.n = len(prompt_ids)
+    def prefill(self, prompt_ids, cache, features=(), slot=0):
+        cache.lengths[slot] += len(prompt_ids)
         self.features = {layer: self.hidden[list(prompt_ids)] for layer in features}
         return self.table[prompt_ids[-1]]
 
-    def forward_draft(self, root, draft, cache, features=()):
+    def forward_draft(self, root, draft, cache, features=(), slot=0):
         tokens = [root] + list(draft.tokens) + list(draft.aux_tokens)
-        cache.n += len(tokens)
         self.features = {layer: self.hidden[tokens] for layer in features}
         if draft.aux_logit_rows is not None:  # as the real target: logits only where they are read
             tokens = tokens[: 1 + len(draft.tokens)] + [draft.aux_tokens[j] for j in draft.aux_logit_rows]
         return self.table[tokens]
 
+    def forward_rows(self, roots, drafts, cache, lo=0, features=()):
+        logits, self.row_features = [], []
+        for r, (root, draft) in enumerate(zip(roots, drafts, strict=True)):
+            logits.append(self.forward_draft(root, draft, cache, features, slot=lo + r))
+            self.row_features.append(self.features)
+        self.rows_logits = torch.cat(logits)
+        return logits
+
     @staticmethod
-    def compact(cache, past_len, accepted_nodes):
-        cache.n = past_len + 1 + len(accepted_nodes)
+    def compact(cache, past_len, accepted_nodes, slot=0):
+        cache.lengths[slot] = past_len + 1 + len(accepted_nodes)
 
 
 class BigramModel(torch.nn.Module):
@@ -223,19 +240,27 @@ def assert_sampling_preserves_distribution(
     extra: int = 0,
     min_depth: int = 0,
     length: int = 3,
+    batch_size: int = 1,
 ) -> float:
     """Chi-square test of the method's first ``length`` sampled tokens against the exact joint, each trial
     generating ``length + extra`` tokens (``make_budget``: a budget=auto trimmer per trial). ``min_depth``:
-    some draft of at least that depth must have been verified while the compared tokens were decided."""
+    some draft of at least that depth must have been verified while the compared tokens were decided.
+    ``batch_size`` > 1: the trials are requests decoded together, each with its own sampling stream."""
     target = target or BigramTarget()
     prompt = prompt or [1, 2, 3, 1, 2, 3, 4, 1, 2]
     exact = exact_joint(target, prompt, params, length)
     gen = torch.Generator().manual_seed(seed)
     counts: Counter = Counter()
     depths: Counter = Counter()
-    for _ in range(trials):
-        rec = generate(target, make_drafter(), prompt, max_new_tokens=length + extra, sampling=params,
-                       generator=gen, planner=make_budget() if make_budget else None)
+    if batch_size == 1:
+        records = (generate(target, make_drafter(), prompt, max_new_tokens=length + extra, sampling=params,
+                            generator=gen, planner=make_budget() if make_budget else None) for _ in range(trials))
+    else:
+        queue = [Request(prompt, length + extra, make_drafter(), torch.Generator().manual_seed(seed * 100_003 + i),
+                         make_budget() if make_budget else None) for i in range(trials)]
+        records = (rec for _, rec in decode_batch(target, lambda: queue.pop() if queue else None,
+                                                  batch_size=batch_size, sampling=params))
+    for rec in records:
         counts[tuple(rec.output_ids[:length])] += 1
         depths[compared_depth(rec, length)] += 1
     deepest = max(depths)

@@ -146,8 +146,10 @@ def accept(
     logits: torch.Tensor,
     params: SamplingParams,
     generator: torch.Generator | None = None,
+    argmax: list[int] | None = None,
 ) -> tuple[list[int], list[int]]:
-    """Decide a step. ``logits[0]`` follows the root, ``logits[1 + i]`` follows guess ``i``.
+    """Decide a step. ``logits[0]`` follows the root, ``logits[1 + i]`` follows guess ``i``; greedy, ``argmax``
+    may hold every row's argmax already read (a batch reads all of its rows' at once).
 
     Returns the accepted guess indices (root to leaf) and the tokens the step
     yields: the accepted guesses' tokens plus one token of the target's own.
@@ -155,7 +157,9 @@ def accept(
     kids = draft.children()
     path: list[int] = []
     if params.greedy:
-        if logits.is_cuda:  # one kernel and one transfer for every row
+        if argmax is not None:
+            best = argmax.__getitem__
+        elif logits.is_cuda:  # one kernel and one transfer for every row
             rows = logits.argmax(-1).tolist()
             best = rows.__getitem__
         else:  # on a CPU only the rows on the walked path (a whole-block argmax costs ms)

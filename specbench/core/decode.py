@@ -1,8 +1,17 @@
-"""The decode loop every method runs: prefill, then propose → verify → commit → update."""
+"""The decode loop every method runs: prefill, then propose → verify → commit → update.
+
+:func:`decode_batch` runs up to ``batch_size`` requests together (continuous batching): each row has its own
+drafter, draft, sampling stream and record; one forward verifies every row's draft; when a row finishes, the
+next request is prefilled into its slot. :func:`generate` is one request at batch size 1, through the same
+code.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from time import perf_counter
+from typing import Any
 
 import torch
 
@@ -12,6 +21,34 @@ from specbench.core.forward import Target, upload
 from specbench.core.record import GenerationRecord
 
 _EMPTY = Draft()
+
+
+@dataclass
+class Request:
+    """One generation to run: a prompt, its drafter (state for this request alone), its sampling stream."""
+
+    prompt_ids: list[int]
+    max_new_tokens: int
+    drafter: Drafter
+    generator: torch.Generator | None = None
+    planner: Planner | None = None
+    tag: Any = None  # the caller's key, handed back with the record
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+@dataclass
+class _Row:
+    request: Request
+    record: GenerationRecord
+    seq: list[int]
+    layers: tuple[int, ...]
+    name: str
+    step: int = 0
+    draft: Draft = field(default_factory=Draft)
+    draft_s: float = 0.0
 
 
 def _check(draft: Draft, name: str, step: int) -> None:
@@ -64,7 +101,187 @@ def _commit(record: GenerationRecord, tokens: list[int], eos: set[int], max_new:
     return kept
 
 
+class _Loop:
+    """The rows decoding now (slot ``i`` holds ``rows[i]``) and what every step shares."""
+
+    def __init__(self, target: Target, batch_size: int, sampling: SamplingParams, eos: set[int],
+                 limit: int | None, clock: float | None) -> None:
+        self.target, self.sampling, self.eos = target, sampling, eos
+        self.cache = target.new_cache(batch_size, limit)
+        self.rows: list[_Row | None] = []
+        self.clock = perf_counter() if clock is None else clock
+
+    def start(self, slot: int, request: Request) -> _Row:
+        """Prefill ``request`` into ``slot`` (step 0: its first token)."""
+        target, drafter, prompt = self.target, request.drafter, list(request.prompt_ids)
+        record = GenerationRecord(prompt_len=len(prompt), slot=slot)
+        t0 = perf_counter()
+        record.started_s = t0 - self.clock
+        drafter.new_turn(prompt)
+        layers = tuple(drafter.feature_layers)
+        self.cache.clear(slot)
+        logits = target.prefill(prompt, self.cache, features=layers, slot=slot)
+        if layers:
+            drafter.prefilled(target.features)
+        _, tokens = accept(_EMPTY, logits[None], self.sampling, request.generator)
+        kept = _commit(record, tokens, self.eos, request.max_new_tokens)
+        target.sync()
+        record.prefill_s = perf_counter() - t0
+        record.dropped = len(tokens) - kept
+        _record_step(record, kept, record.prefill_s, 0, 0, 0, 0, 0.0, 0.0)
+        name = getattr(drafter, "name", type(drafter).__name__)
+        return _Row(request, record, prompt + record.output_ids, layers, name)
+
+    def propose(self, row: _Row) -> None:
+        start = perf_counter()
+        row.step += 1
+        request = row.request
+        draft = request.drafter.propose(DecodeState(row.seq, row.record.prompt_len, request.max_new_tokens, row.step))
+        if draft is None:
+            draft = _EMPTY
+        elif draft is not _EMPTY:
+            _check(draft, row.name, row.step)
+        if request.planner is not None:
+            draft = request.planner.plan(draft, row.seq)
+        row.draft, row.draft_s = draft, perf_counter() - start
+
+    def step(self) -> None:
+        """One step of every row: propose, one forward for all, accept, compact, update, record."""
+        rows: list[_Row] = self.rows  # type: ignore[assignment]  (no holes between steps)
+        target, cache = self.target, self.cache
+        start = perf_counter()
+        for row in rows:
+            self.propose(row)
+        target.sync()  # a draft model's kernels count as draft time, not forward time
+        proposed = perf_counter()
+        layers = rows[0].layers if len({row.layers for row in rows}) == 1 else None
+        if layers is None:
+            raise ValueError("rows of one batch must read the same target layers")
+        logits = target.forward_rows([row.seq[-1] for row in rows], [row.draft for row in rows], cache,
+                                     features=layers)
+        best = None  # greedy on a GPU: one argmax and one read for every row
+        if self.sampling.greedy and logits[0].is_cuda and len(rows) > 1:
+            flat = target.rows_logits.argmax(-1).tolist()
+            cuts = [0]
+            for part in logits:
+                cuts.append(cuts[-1] + part.shape[0])
+            best = [flat[a:b] for a, b in zip(cuts, cuts[1:], strict=False)]
+        settled = []
+        for r, row in enumerate(rows):
+            draft, n = row.draft, len(row.draft.tokens)
+            path, tokens = accept(draft, logits[r][: 1 + n], self.sampling, row.request.generator,
+                                  argmax=None if best is None else best[r])
+            features = _accepted_rows(target.row_features[r], path) if layers else {}
+            if row.request.planner is not None:
+                row.request.planner.record(draft, path)
+            settled.append((path, tokens, features))
+        cache.commit(0, [[0] + [1 + i for i in path] for path, _, _ in settled])
+        target.sync()
+        verified = perf_counter()
+        update_s = []
+        for r, (row, (path, tokens, features)) in enumerate(zip(rows, settled, strict=True)):
+            t0 = perf_counter()
+            n = len(row.draft.tokens)
+            aux_logits = logits[r][1 + n :] if row.draft.n_aux else None
+            row.request.drafter.update(VerifyResult(path, tokens, row.draft, aux_logits=aux_logits,
+                                                    root_logits=logits[r][0], logits=logits[r][: 1 + n],
+                                                    features=features))
+            update_s.append(perf_counter() - t0)
+        target.sync()
+        updated = perf_counter()
+        for row, (path, tokens, _), own_update in zip(rows, settled, update_s, strict=True):
+            self.settle(row, path, tokens, (proposed - start) + (updated - verified), row.draft_s + own_update)
+        end = perf_counter()  # a step's time covers all of its work: bookkeeping and the planner too
+        for row in rows:
+            row.record.step_times[-1] = end - start
+            if row.record.finish_reason:
+                row.record.finished_s = end - self.clock
+
+    def settle(self, row: _Row, path: list[int], tokens: list[int], batch_draft_s: float, own_draft_s: float) -> None:
+        record, draft, request = row.record, row.draft, row.request
+        kept = _commit(record, tokens, self.eos, request.max_new_tokens)
+        row.seq.extend(tokens[:kept])
+        accepted = min(kept, len(path))  # guesses committed: EOS or max_new_tokens may cut the run
+        n = len(draft.tokens)
+        for i in range(n):  # a node several sources proposed counts for each of them
+            record.drafted_by_source.update(draft.sources_of(i))
+        for i in path[:accepted]:
+            record.accepted_by_source.update(draft.sources_of(i))
+        depth = max(draft.depths(), default=0) if n else 0
+        if record.finish_reason:
+            record.dropped = len(tokens) - kept
+            if request.planner is not None:
+                request.planner.finish(row.seq)
+        # at batch size 1 the step's drafting is this row's; in a batch, each row is charged its own
+        draft_s = batch_draft_s if len(self.rows) == 1 else own_draft_s
+        _record_step(record, kept, 0.0, n, draft.n_aux, accepted, depth, draft_s, draft.lookup_s)
+
+
 @torch.inference_mode()
+def decode_batch(
+    target: Target,
+    next_request: Callable[[], Request | None],
+    *,
+    batch_size: int,
+    sampling: SamplingParams | None = None,
+    eos_token_ids: list[int] | tuple[int, ...] = (),
+    limit: int | None = None,
+    clock: float | None = None,
+) -> Iterator[tuple[Request, GenerationRecord]]:
+    """Decode the requests ``next_request`` hands out (None: none ready), up to ``batch_size`` at once, and
+    yield each with its record as it finishes. A slot that frees takes the next request at once, so the
+    caller may queue a request that depends on a finished one (a conversation's next turn) when it is
+    yielded. ``limit``: the most cache entries a row will need, if known; ``clock``: the ``perf_counter``
+    time the records' ``started_s`` and ``finished_s`` count from (default: now)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    loop = _Loop(target, batch_size, sampling or SamplingParams(), set(eos_token_ids), limit, clock)
+    rows = loop.rows
+    free = list(range(batch_size))
+    while True:
+        while free:  # fill every free slot that a request is ready for
+            request = next_request()
+            if request is None:
+                break
+            slot = free.pop(0)
+            row = loop.start(slot, request)
+            if row.record.finish_reason:  # done at its first token
+                row.record.finished_s = row.record.started_s + row.record.prefill_s
+                free.insert(0, slot)
+                yield request, row.record
+                continue
+            if slot == len(rows):
+                rows.append(row)
+            else:
+                rows[slot] = row
+        if free and rows:  # nothing left to refill: pack the live rows to the front
+            free = _pack(loop)
+        if not rows:
+            return
+        loop.step()
+        done = [i for i, row in enumerate(rows) if row.record.finish_reason]
+        for i in done:
+            row, rows[i] = rows[i], None
+            free.append(i)
+            row.record.decode_s = sum(row.record.step_times[1:])
+            yield row.request, row.record
+        free.sort()
+
+
+def _pack(loop: _Loop) -> list[int]:
+    """Move the last live rows into the holes before them, so that the live rows are slots 0..n; the free
+    slots left."""
+    rows = loop.rows
+    while True:
+        while rows and rows[-1] is None:
+            rows.pop()
+        if None not in rows:
+            return list(range(len(rows), loop.cache.slots))
+        hole = rows.index(None)
+        loop.cache.move(len(rows) - 1, hole)
+        rows[hole] = rows.pop()
+
+
 def generate(
     target: Target,
     drafter: Drafter,
@@ -76,80 +293,13 @@ def generate(
     generator: torch.Generator | None = None,
     planner: Planner | None = None,
 ) -> GenerationRecord:
-    """Generate up to ``max_new_tokens`` tokens after ``prompt_ids`` with ``drafter``.
+    """Generate up to ``max_new_tokens`` tokens after ``prompt_ids`` with ``drafter`` (batch size 1).
 
     The output is the target's own (greedy: token for token the autoregressive
     output; sampling: the target's distribution) whatever the drafter proposes,
     and whatever part of it ``planner`` keeps (``budget=auto``: :class:`specbench.budget.planner.AutoBudget`).
     """
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    sampling = sampling or SamplingParams()
-    eos = set(eos_token_ids)
-    record = GenerationRecord(prompt_len=len(prompt_ids))
-    cache = target.new_cache()
-
-    t0 = perf_counter()
-    drafter.new_turn(list(prompt_ids))
-    layers = tuple(drafter.feature_layers)
-    logits = target.prefill(list(prompt_ids), cache, features=layers)
-    if layers:
-        drafter.prefilled(target.features)
-    _, tokens = accept(_EMPTY, logits[None], sampling, generator)
-    kept = _commit(record, tokens, eos, max_new_tokens)
-    target.sync()
-    record.prefill_s = perf_counter() - t0
-    record.dropped = len(tokens) - kept
-    _record_step(record, kept, record.prefill_s, 0, 0, 0, 0, 0.0, 0.0)
-
-    seq = list(prompt_ids) + record.output_ids
-    step = 0
-    name = getattr(drafter, "name", type(drafter).__name__)
-    while not record.finish_reason:
-        step += 1
-        start = perf_counter()
-        draft = drafter.propose(DecodeState(seq, len(prompt_ids), max_new_tokens, step))
-        if draft is None:
-            draft = _EMPTY
-        elif draft is not _EMPTY:
-            _check(draft, name, step)
-        if planner is not None:
-            draft = planner.plan(draft, seq)
-        target.sync()  # a draft model's kernels count as draft time, not forward time
-        proposed = perf_counter()
-        past_len = cache.get_seq_length()
-        logits = target.forward_draft(seq[-1], draft, cache, features=layers)
-        n = len(draft.tokens)
-        rows = logits[: 1 + n]
-        path, tokens = accept(draft, rows, sampling, generator)
-        features = _accepted_rows(target.features, path) if layers else {}
-        if planner is not None:
-            planner.record(draft, path)
-        target.compact(cache, past_len, path)
-        target.sync()
-        verified = perf_counter()
-        aux_logits = logits[1 + n :] if draft.n_aux else None
-        drafter.update(
-            VerifyResult(path, tokens, draft, aux_logits=aux_logits, root_logits=logits[0], logits=rows,
-                         features=features)
-        )
-        target.sync()
-        updated = perf_counter()
-
-        kept = _commit(record, tokens, eos, max_new_tokens)
-        seq.extend(tokens[:kept])
-        accepted = min(kept, len(path))  # guesses committed: EOS or max_new_tokens may cut the run
-        for i in range(n):  # a node several sources proposed counts for each of them
-            record.drafted_by_source.update(draft.sources_of(i))
-        for i in path[:accepted]:
-            record.accepted_by_source.update(draft.sources_of(i))
-        depth = max(draft.depths(), default=0) if n else 0
-        if record.finish_reason:
-            record.dropped = len(tokens) - kept
-            if planner is not None:
-                planner.finish(seq)
-        end = perf_counter()  # the step's time covers all of its work: bookkeeping and the planner too
-        _record_step(record, kept, end - start, n, draft.n_aux, accepted, depth,
-                     (proposed - start) + (updated - verified), draft.lookup_s)
-    record.decode_s = sum(record.step_times[1:])
+    queue = [Request(list(prompt_ids), max_new_tokens, drafter, generator, planner)]
+    ((_, record),) = decode_batch(target, lambda: queue.pop() if queue else None, batch_size=1,
+                                  sampling=sampling, eos_token_ids=eos_token_ids)
     return record

@@ -291,18 +291,14 @@ class Planner(Protocol):
 
 @dataclass
 class DrafterContext:
-    """What a drafter that runs a model of its own may need beyond its config.
+    """What a drafter that runs a model of its own may need beyond its config (built by the runner and tests).
 
-    Built by the runner (and by tests); drafters that need none of it ignore it.
-
-    * ``sampling``: the run's :class:`specbench.core.acceptance.SamplingParams`: a draft
-      model computes ``q`` with the same temperature, top-k and top-p as ``p``.
-    * ``device``, ``dtype``: where and in which precision the target runs.
-    * ``load_model(name)``: loads a model preset (``conf/model/<name>.yaml``) through
-      :func:`specbench.models.load_model`, on the target's hardware and dtype, with the same one-line errors.
+    * ``sampling``: the run's :class:`specbench.core.acceptance.SamplingParams` (a draft model's ``q`` uses them).
+    * ``device``, ``dtype``, ``hardware``: where, in which precision and on what hardware the target runs.
+    * ``load_model(name)``: a model preset (``conf/model/<name>.yaml``) loaded through
+      :func:`specbench.models.load_model` on the target's hardware and dtype, with the same one-line errors.
     * ``target_model``, ``target_name``, ``target_heads``: the target itself (self-drafting shares its weights),
       its preset name (the identity of trained heads), the heads published for it ({kind: hub repo}).
-    * ``hardware``: the target's hardware config.
     """
 
     sampling: Any = None
@@ -336,6 +332,7 @@ class Drafter:
     # The target's hidden states this drafter reads (``output_hidden_states`` indices: -1 the final norm's), from
     # the verification forward itself, accepted rows only (VerifyResult.features, the prompt's in prefilled).
     feature_layers: tuple[int, ...] = ()
+    batchable: ClassVar[bool] = True  # False: its drafts cannot be made per request beside others (batch > 1)
 
     def __init__(
         self,
@@ -364,6 +361,11 @@ class Drafter:
         """Checks that need no model (files exist, settings agree), run before the model loads.
         Raise specbench.run.config.ConfigError with one line naming the fix."""
 
+    def spawn(self) -> Drafter:
+        """A drafter for another request decoded beside this one's (batch > 1): same settings, own state."""
+        return type(self)(self.config, vocab_size=self.vocab_size, seed=self.seed, tokenizer=self.tokenizer,
+                          context=self.context)
+
     def provenance(self) -> dict[str, Any]:
         """Columns this drafter adds to its result rows: what it read besides the model (a store's name,
         fingerprint and size). None by default."""
@@ -382,12 +384,10 @@ class Drafter:
         """A new generation begins (each sample and each turn), after :meth:`begin_turn`."""
 
     def begin_sample(self) -> None:
-        """A new sample begins; its turns follow as generations. The runner calls it before a
-        sample's first turn, so that per-sample memory can be forgotten."""
+        """A new sample begins (before its first turn): per-sample memory may be forgotten."""
 
     def reset(self) -> None:
-        """Forget everything learned so far. The runner calls it after the warm-up generations,
-        so that a run-long memory starts empty at the first recorded sample."""
+        """Forget everything learned (the runner calls it after warm-up: run-long memory starts empty)."""
 
     def prefilled(self, features: dict[int, torch.Tensor]) -> None:
         """The prompt's hidden states ({layer: [prompt_len, hidden]}) for the layers :attr:`feature_layers`

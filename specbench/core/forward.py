@@ -17,8 +17,14 @@ references to tensors the model computes anyway, no extra pass), and the
 decode loop hands the drafter the rows of the accepted path alone.
 
 After acceptance the cache keeps prefix + root + accepted path: those entries
-are gathered to the front of the block, then the cache is cropped. Auxiliary
-and rejected entries never survive a step. Drafters never see the cache.
+are gathered to the front of the block and the row's length moves past them
+(:class:`specbench.core.kv.RowCache`). Auxiliary and rejected entries never
+survive a step. Drafters never see the cache.
+
+Several rows (a batch, :meth:`Target.forward_rows`) run in one forward: each
+block is padded to the longest, sits at its row's own positions, and sees its
+own committed entries and its own tree; padding sees itself alone and is never
+seen, and only the rows whose logits are used reach the LM head.
 
 Placement: the input ids, positions and mask go to the embedding's device (a
 sharded model's hooks move them on from there), the index of the rows whose
@@ -35,9 +41,9 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from transformers import DynamicCache
 
 from specbench.core.draft import Draft
+from specbench.core.kv import RowCache, upload
 
 
 def runs_on(module: torch.nn.Module) -> torch.device:
@@ -60,15 +66,6 @@ def model_devices(model: torch.nn.Module) -> list[torch.device]:
     return list(seen)
 
 
-def upload(values, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Host values (a list or array) as a tensor on ``device``; on CUDA through pinned memory, asynchronously
-    (a plain ``torch.tensor(..., device=cuda)`` copies from pageable memory and waits for the device)."""
-    tensor = torch.as_tensor(values, dtype=dtype)
-    if torch.device(device).type != "cuda":
-        return tensor.to(device)
-    return tensor.pin_memory().to(device, non_blocking=True)
-
-
 def block_layout(draft: Draft) -> tuple[np.ndarray, np.ndarray]:
     """Visibility among the block's rows (bool [q, q]) and their position offsets from the root."""
     n, m = len(draft.tokens), draft.n_aux
@@ -89,7 +86,7 @@ def block_layout(draft: Draft) -> tuple[np.ndarray, np.ndarray]:
 
 
 class Target:
-    """The target model behind the verification core (batch size 1)."""
+    """The target model behind the verification core: one row (:meth:`forward_draft`) or a batch."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
@@ -104,13 +101,19 @@ class Target:
         # where the final hidden states come out (a sharded model's last GPU): the kept rows' index goes there
         self.head_device = runs_on(self.base.norm if hasattr(self.base, "norm") else self.lm_head)
         self.devices = model_devices(model)
+        layers = getattr(self.base, "layers", None)
+        self.layer_devices = ([runs_on(layer) for layer in layers] if layers is not None
+                              else [self.device] * config.num_hidden_layers)
         self.dtype = next(model.parameters()).dtype
         self.is_cuda = any(d.type == "cuda" for d in self.devices)
         self.features: dict[int, torch.Tensor] = {}  # the last forward's hidden states, for the layers asked for
+        self.row_features: list[dict[int, torch.Tensor]] = []  # forward_rows: each row's
+        self.rows_logits: torch.Tensor | None = None  # forward_rows: every row's logits, one after the other
 
-    def new_cache(self) -> DynamicCache:
-        # No config on purpose: every layer keeps every position (see module docstring).
-        return DynamicCache()
+    def new_cache(self, slots: int = 1, limit: int | None = None) -> RowCache:
+        """A cache for ``slots`` rows (every layer keeps every position, see the module docstring); ``limit``:
+        the most entries a row will need, if known (the buffers never double past it)."""
+        return RowCache(slots, self.layer_devices, limit=limit)
 
     def sync(self) -> None:
         """Wait for every GPU the model is on (a sharded model's last layers run on the last one)."""
@@ -139,35 +142,44 @@ class Target:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
 
-    def _forward(
-        self, ids: torch.Tensor, positions: torch.Tensor, mask, cache, keep_last=0, features: tuple[int, ...] = ()
-    ) -> torch.Tensor:
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, mask, cache: RowCache, lo: int = 0,
+                 keep=None, features: tuple[int, ...] = ()) -> torch.Tensor:
+        """The base model over ``ids`` ``[n, q]`` (slots ``lo..lo + n``), then the LM head on the rows ``keep``
+        names (an index into the flattened ``[n × q]`` rows, on the head's device; an int: the last ones;
+        None: every row). Sets :attr:`features` to the ``[n, q, hidden]`` states of the layers asked for."""
         # The base model, then the head on the rows kept: a model dispatched over GPUs carries a top-level hook
         # that moves every tensor argument to the first GPU and every output back there, where the final hidden
         # states (on the last GPU) cannot be indexed, and the heads that read them are not.
+        cache.begin(lo, lo + ids.shape[0], ids.shape[1])
         out = self.base(
             input_ids=ids,
             position_ids=positions,
             attention_mask=mask,
-            past_key_values=cache,
+            cache=cache,
             use_cache=True,
             output_hidden_states=bool(features),
         )
-        hidden = out.last_hidden_state[0]
-        if isinstance(keep_last, torch.Tensor):
-            hidden = hidden.index_select(0, keep_last)
-        elif keep_last:
-            hidden = hidden[-keep_last:]
+        hidden = out.last_hidden_state.flatten(0, 1)
+        if isinstance(keep, torch.Tensor):
+            hidden = hidden.index_select(0, keep)
+        elif keep:
+            hidden = hidden[-keep:]
         # hidden_states[0] is the embeddings' output, [i] layer i's input, [-1] the final norm's output
-        self.features = {layer: out.hidden_states[layer][0] for layer in features} if features else {}
+        self.features = {layer: out.hidden_states[layer] for layer in features} if features else {}
         return self.logits(hidden)
 
-    def prefill(self, prompt_ids: list[int], cache: DynamicCache, features: tuple[int, ...] = ()) -> torch.Tensor:
-        """Run the prompt; return the logits that follow its last token (and, in :attr:`features`, the hidden
-        states of every prompt position for the layers ``features`` names)."""
+    def prefill(self, prompt_ids: list[int], cache: RowCache, features: tuple[int, ...] = (),
+                slot: int = 0) -> torch.Tensor:
+        """Run the prompt after what ``slot`` holds and keep it; return the logits that follow its last token
+        (and, in :attr:`features`, the hidden states of every prompt position for the layers ``features``
+        names, ``{layer: [prompt_len, hidden]}``)."""
         ids = upload([prompt_ids], self.device)
-        positions = torch.arange(len(prompt_ids), device=self.device)[None]
-        return self._forward(ids, positions, None, cache, keep_last=1, features=features)[-1]
+        past = cache.lengths[slot]
+        positions = torch.arange(past, past + len(prompt_ids), device=self.device)[None]
+        logits = self._forward(ids, positions, None, cache, lo=slot, keep=1, features=features)[-1]
+        self.features = {layer: h[0] for layer, h in self.features.items()}
+        cache.commit(slot, [list(range(len(prompt_ids)))])
+        return logits
 
     def _mask(self, vis: np.ndarray, offsets: np.ndarray, past_len: int, positions: torch.Tensor | None = None):
         """The float mask ``[1, 1, q, past_len + q]``, built on the device: only the block's visibility
@@ -190,41 +202,96 @@ class Target:
         sliding = whole.masked_fill((q_pos[:, None] - k_pos[None, :] >= self.sliding_window)[None, None], neg)
         return {"full_attention": whole, "sliding_attention": sliding}
 
-    def forward_draft(self, root: int, draft: Draft, cache: DynamicCache, features: tuple[int, ...] = ()) -> torch.Tensor:
+    def _rows_mask(self, vis: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, positions: torch.Tensor):
+        """The float mask ``[n, 1, q, max(lengths) + q]`` of rows at their own lengths: row ``r`` sees its own
+        ``lengths[r]`` committed entries and, of its block (written at ``lengths[r]``), what ``vis[r]`` allows;
+        nothing of the columns past its block. Built on the device from the blocks' visibility and the lengths."""
+        n, q = offsets.shape
+        span = int(lengths.max()) + q
+        neg = torch.finfo(self.dtype).min
+        lens = upload(lengths, self.device)
+        col = torch.arange(span, device=self.device)
+        rel = col[None, :] - lens[:, None]  # a column's place in the row's block ([n, span]; < 0: committed)
+        at = rel.clamp(0, q - 1)
+        seen = upload(vis, self.device).gather(2, at[:, None, :].expand(n, q, span))
+        seen &= ((rel >= 0) & (rel < q))[:, None, :]
+        seen |= (rel < 0)[:, None, :]
+        whole = torch.zeros((n, 1, q, span), dtype=self.dtype, device=self.device).masked_fill_(~seen[:, None], neg)
+        if not self.has_sliding:
+            return whole
+        k_pos = torch.where(rel < 0, col[None, :], positions.gather(1, at))
+        far = positions[:, :, None] - k_pos[:, None, :] >= self.sliding_window
+        return {"full_attention": whole, "sliding_attention": whole.masked_fill(far[:, None], neg)}
+
+    def forward_draft(self, root: int, draft: Draft, cache: RowCache, features: tuple[int, ...] = (),
+                      slot: int = 0) -> torch.Tensor:
         """Logits after the root, every guess and every auxiliary node (or those of
         ``draft.aux_logit_rows``): ``[1 + n + n_aux, vocab]``. With ``features`` (hidden-state indices, as
         ``output_hidden_states`` numbers them), :attr:`features` holds those layers' states of every row of
         the block, ``{layer: [q, hidden]}``, on the device where they live: from the same forward."""
-        past_len = cache.get_seq_length()
+        past_len = cache.lengths[slot]
         tokens = [root] + list(draft.tokens) + list(draft.aux_tokens)
         ids = upload([tokens], self.device)
         if not draft.aux_tokens and draft.is_chain():
             # A chain is plain causal attention: let the model build its own mask (fast path).
             positions = torch.arange(past_len, past_len + len(tokens), device=self.device)[None]
-            return self._forward(ids, positions, None, cache, features=features)
-        vis, offsets = block_layout(draft)
-        positions = upload(offsets + past_len, self.device)[None]
-        keep = 0
-        if draft.aux_logit_rows is not None:  # the output layer only where logits are used
-            first_aux = 1 + len(draft.tokens)
-            rows = list(range(first_aux)) + [first_aux + j for j in draft.aux_logit_rows]
-            keep = upload(rows, self.head_device)  # it indexes the final hidden states, on the head's device
-        mask = self._mask(vis, offsets, past_len, positions)
-        return self._forward(ids, positions, mask, cache, keep_last=keep, features=features)
+            logits = self._forward(ids, positions, None, cache, lo=slot, features=features)
+        else:
+            vis, offsets = block_layout(draft)
+            positions = upload(offsets + past_len, self.device)[None]
+            keep = None
+            if draft.aux_logit_rows is not None:  # the output layer only where logits are used
+                keep = upload(_kept_rows(draft), self.head_device)  # on the final hidden states' device
+            mask = self._mask(vis, offsets, past_len, positions)
+            logits = self._forward(ids, positions, mask, cache, lo=slot, keep=keep, features=features)
+        self.features = {layer: h[0] for layer, h in self.features.items()}
+        return logits
+
+    def forward_rows(self, roots: list[int], drafts: list[Draft], cache: RowCache, lo: int = 0,
+                     features: tuple[int, ...] = ()) -> list[torch.Tensor]:
+        """:meth:`forward_draft` for slots ``lo..lo + n`` in one forward: each row's block is padded to the
+        longest, sits at the row's own positions and sees its own prefix. Returns each row's logits;
+        :attr:`row_features` holds each row's states ``{layer: [q_r, hidden]}``."""
+        if len(drafts) == 1:
+            logits = self.forward_draft(roots[0], drafts[0], cache, features, slot=lo)
+            self.row_features = [self.features]
+            self.rows_logits = logits
+            return [logits]
+        n = len(drafts)
+        sizes = [1 + len(d.tokens) + d.n_aux for d in drafts]
+        q = max(sizes)
+        ids = np.zeros((n, q), dtype=np.int64)
+        vis = np.zeros((n, q, q), dtype=bool)
+        offsets = np.zeros((n, q), dtype=np.int64)
+        kept, counts = [], []
+        for r, (root, draft) in enumerate(zip(roots, drafts, strict=True)):
+            size = sizes[r]
+            ids[r, :size] = [root, *draft.tokens, *draft.aux_tokens]
+            vis[r, :size, :size], offsets[r, :size] = block_layout(draft)
+            vis[r, range(size, q), range(size, q)] = True  # padding sees itself alone and is never seen
+            rows = _kept_rows(draft)
+            kept.extend(r * q + j for j in rows)
+            counts.append(len(rows))
+        lengths = np.asarray(cache.lengths[lo : lo + n], dtype=np.int64)
+        positions = upload(offsets + lengths[:, None], self.device)
+        mask = self._rows_mask(vis, offsets, lengths, positions)
+        logits = self._forward(upload(ids, self.device), positions, mask, cache, lo=lo,
+                               keep=upload(kept, self.head_device), features=features)
+        self.row_features = [{layer: h[r, : sizes[r]] for layer, h in self.features.items()} for r in range(n)]
+        self.rows_logits = logits  # every row's, one after the other (what the list returned splits)
+        return list(logits.split(counts))
 
     @staticmethod
-    def compact(cache: DynamicCache, past_len: int, accepted_nodes: list[int]) -> None:
-        """Keep prefix + root + the accepted guesses (block rows 1 + i), drop the rest."""
-        keep = [0] + [1 + i for i in accepted_nodes]
-        if keep != list(range(len(keep))):
-            index: dict[torch.device, torch.Tensor] = {}  # one upload per device, not one per layer
-            for layer in cache.layers:
-                device = layer.keys.device
-                if device not in index:
-                    index[device] = upload([past_len + k for k in keep], device)
-                idx = index[device]
-                layer.keys[..., past_len : past_len + len(keep), :] = layer.keys.index_select(-2, idx)
-                layer.values[..., past_len : past_len + len(keep), :] = layer.values.index_select(-2, idx)
-        drop = cache.get_seq_length() - past_len - len(keep)
-        if drop > 0:
-            cache.crop(-drop)
+    def compact(cache: RowCache, past_len: int, accepted_nodes: list[int], slot: int = 0) -> None:
+        """Keep prefix + root + the accepted guesses (block rows 1 + i) of ``slot``, drop the rest."""
+        if cache.lengths[slot] != past_len:
+            raise ValueError(f"slot {slot} holds {cache.lengths[slot]} entries, not {past_len}")
+        cache.commit(slot, [[0] + [1 + i for i in accepted_nodes]])
+
+
+def _kept_rows(draft: Draft) -> list[int]:
+    """The block rows whose logits are used: the root, the guesses, and the aux nodes asked for (all if None)."""
+    first_aux = 1 + len(draft.tokens)
+    if draft.aux_logit_rows is None:
+        return list(range(first_aux + draft.n_aux))
+    return list(range(first_aux)) + [first_aux + j for j in draft.aux_logit_rows]

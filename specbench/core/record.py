@@ -41,6 +41,11 @@ class GenerationRecord:
     decode_s: float = 0.0
     finish_reason: str = ""  # "eos" | "length"
     dropped: int = 0  # tokens the last step produced beyond EOS or max_new_tokens (cut away)
+    # When the generation began (its prefill) and ended, in seconds from the start of its batch's decoding:
+    # in a batch, a request's latency (finished_s - started_s) includes the other rows' prefills.
+    started_s: float = 0.0
+    finished_s: float = 0.0
+    slot: int = 0  # the batch row it decoded in (0 at batch size 1)
 
     @property
     def new_tokens(self) -> int:

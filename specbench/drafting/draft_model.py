@@ -30,6 +30,7 @@ Greedy drafting takes the draft's argmax and sends no ``q`` (the one-hot case).
 
 from __future__ import annotations
 
+import copy
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -217,6 +218,14 @@ class ModelDrafter(Drafter):
         self.lm = build_draft_lm(self.config, self.context, self.tokenizer, self.vocab_size)
         self.params = self.context.sampling or SamplingParams()
         self.generator = torch.Generator()
+
+    def spawn(self) -> ModelDrafter:
+        """Another request's drafter: the same draft model (shared weights), its own cache and sampling stream."""
+        twin = copy.copy(self)
+        twin.lm = copy.copy(self.lm)
+        twin.lm.reset()
+        twin.generator = torch.Generator()
+        return twin
 
     def start(self, prompt_ids: list[int]) -> None:
         self.lm.reset()

@@ -21,6 +21,7 @@ the published format, fetched when the hub is reachable.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -224,6 +225,12 @@ class HeadDrafter(Drafter):
 
     def provenance(self) -> dict[str, Any]:
         return self.head_columns
+
+    def spawn(self) -> HeadDrafter:
+        """Another request's drafter: the same head and LM head (shared weights), a head cache of its own."""
+        twin = copy.copy(self)
+        twin.start([])
+        return twin
 
     def start(self, prompt_ids: list[int]) -> None:
         self.cache, self.pending, self.start_pos = HeadCache(), None, 0

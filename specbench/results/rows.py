@@ -144,6 +144,10 @@ def make_row(
         "output_sha1": output_sha1(ids),
         "output_text": output_text,
         "finish_reason": record.finish_reason,
+        "batch_size": int(context.get("batch_size") or 1),
+        "slot": int(record.slot),
+        "started_s": float(record.started_s),
+        "finished_s": float(record.finished_s),
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="microseconds"),
     }
     for k, v in (extra or {}).items():

@@ -189,6 +189,8 @@ def _check_numbers(cfg: DictConfig) -> None:
             what="a number of seconds a run may spend building a missing store (0: never)")
     _number(cfg, "repeats", int, minimum=1, nullable=True,
             what="a positive number of measurements of each sample (repeats=3 as Spec-Bench)")
+    _number(cfg, "batch_size", int, minimum=1, nullable=True,
+            what="a positive number of requests decoded together (1: one at a time, as the papers measure)")
     if "hardware" in cfg and cfg.hardware.get("num_threads") is not None:
         _number(cfg.hardware, "num_threads", int, minimum=1, what="a positive number of threads (or null)")
 
@@ -250,6 +252,7 @@ def validate(cfg: DictConfig) -> dict[str, Any]:
         raise ConfigError(f"method {cfg.method.name}: {err}") from None
     _check_attention(cfg)
     _check_budget(cfg)
+    _check_batch(cfg)
     get_dataset(cfg.dataset.name)
     model_config_check(cfg.model, cfg.hardware)
     return {"method": method_cfg}
@@ -267,6 +270,29 @@ def _check_budget(cfg: DictConfig) -> None:
             f"budget=auto trims the drafts of tree methods; {cfg.method.name} sets its own draft length: "
             "use budget=fixed"
         )
+
+
+def batch_size(cfg: DictConfig) -> int:
+    return int(cfg.get("batch_size") or 1)
+
+
+def _check_batch(cfg: DictConfig) -> None:
+    """Refuse settings a batch cannot run before any work: a method that cannot batch, a batch-1 budget."""
+    from methods.registry import get_method, method_names
+
+    size = batch_size(cfg)
+    if size == 1:
+        return
+    cls = get_method(cfg.method.name)
+    if not cls.batchable:
+        can = ", ".join(n for n in method_names() if get_method(n).batchable)
+        raise ConfigError(f"method {cfg.method.name} cannot decode a batch yet: use batch_size=1, or one of {can}")
+    if effective_budget(cfg) == "auto":
+        raise ConfigError(f"budget=auto prices a step at batch size 1 and cannot plan a batch of {size} yet: "
+                          "use budget=fixed with batch_size > 1")
+    if cfg.hardware.get("attn_implementation") == "flash_attention_2":
+        raise ConfigError("a batch's rows sit at their own lengths, which needs a 4-D attention mask that "
+                          "flash_attention_2 cannot take: use hardware.attn_implementation=sdpa with batch_size > 1")
 
 
 def _check_attention(cfg: DictConfig) -> None:

@@ -28,7 +28,7 @@ from specbench.paths import CONF_DIR
 from specbench.provenance import config_hash
 from specbench.results.metrics import BASELINE
 from specbench.results.rows import run_dir_path, run_file_path, run_name
-from specbench.run.config import BOOKKEEPING, effective_budget, validate
+from specbench.run.config import BOOKKEEPING, batch_size, effective_budget, validate
 from specbench.stores.naming import resolve_auto_store
 
 
@@ -52,6 +52,7 @@ class Job:
     seed: int
     repeats: int
     warmup: int  # unrecorded warm-up generations per method
+    batch_size: int  # requests decoded together (specbench.run.batched)
     progress: bool
     experiment: str
     config_hash: str
@@ -131,6 +132,9 @@ def plan(cfg: DictConfig) -> Job:
     )
     if not samples:
         raise ConfigError(f"dataset {ddef.name}: no samples selected (offset={cfg.offset}, limit={cfg.limit})")
+    if batch_size(cfg) > len(samples):
+        raise ConfigError(f"batch_size={batch_size(cfg)} is more than the {len(samples)} samples selected: raise "
+                          f"limit (limit=null: all) or lower batch_size")
     budget = effective_budget(cfg)
     _warn_device_fit(cfg)
     return Job(
@@ -150,6 +154,7 @@ def plan(cfg: DictConfig) -> Job:
         seed=int(cfg.seed),
         repeats=int(cfg.get("repeats") or 1),
         warmup=int(cfg.warmup or 0),
+        batch_size=batch_size(cfg),
         progress=bool(cfg.get("progress", True)),
         experiment=str(cfg.experiment_name),
         config_hash=hash_config(cfg),
@@ -185,6 +190,8 @@ def hash_config(cfg: DictConfig) -> str:
     plain = OmegaConf.to_container(cfg, resolve=True)
     for key in BOOKKEEPING:
         plain.pop(key, None)
+    if (plain.get("batch_size") or 1) == 1:  # batch 1 hashes as every run made before batches existed
+        plain.pop("batch_size", None)
     return config_hash({**plain, "results_version": RESULTS_VERSION})
 
 

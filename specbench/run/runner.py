@@ -38,6 +38,7 @@ from specbench.provenance import environment_info
 from specbench.results.metrics import BASELINE, summarize
 from specbench.results.rows import ResultWriter, load_results, make_row
 from specbench.results.table import format_table, stores_read
+from specbench.run import batched
 from specbench.run.job import Job, plan
 
 
@@ -75,6 +76,10 @@ def execute(job: Job) -> Any:
                desc=f"{job.method} on {job.dataset.name}" + (f" ×{job.repeats}" if job.repeats > 1 else ""))
     for repeat in range(job.repeats):
         m.new_repeat()
+        if job.batch_size > 1:  # each method over every sample, batched; which goes first alternates by repeat
+            for name in job.methods if repeat % 2 == 0 else job.methods[::-1]:
+                batched.measure(m, name, selected, repeat, bar, done)
+            continue
         for i, sample in enumerate(selected):
             for name in job.methods if (i + repeat) % 2 == 0 else job.methods[::-1]:
                 m.measure_sample(name, sample, repeat, bar, done)
@@ -133,6 +138,7 @@ class Measurement:
             "provenance": seen,
             "model": loaded.name,
             "dtype": loaded.dtype,
+            "batch_size": job.batch_size,
         }
         self.params = {
             name: dataclasses.asdict(d.config) if dataclasses.is_dataclass(d.config) else {}
@@ -154,11 +160,18 @@ class Measurement:
                         generator=generator, planner=self.budgets.get(name))
 
     def warm_up(self) -> None:
-        """``warmup`` short generations per method on the first prompt: nothing recorded."""
-        warm = next(iter(self.prompts.values()))
+        """``warmup`` short generations (batches at batch_size > 1) per method on the first prompt: nothing
+        recorded."""
+        warm, tokens = next(iter(self.prompts.values())), min(16, self.job.max_new_tokens)
         for name in self.job.methods:
             for _ in range(self.job.warmup):
-                self.generate(name, warm, min(16, self.job.max_new_tokens), _generator(self.job.seed, "warmup", 0))
+                if self.job.batch_size > 1:
+                    batched.warm_up(self, name, warm, tokens)
+                else:
+                    self.generate(name, warm, tokens, self.generator("warmup", 0, 0))
+
+    def generator(self, sample_id: str, turn: int, repeat: int) -> torch.Generator:
+        return _generator(self.job.seed, sample_id, turn, repeat)
 
     def new_repeat(self) -> None:
         """Warm-up generations and earlier repeats teach a drafter, or the budget's statistics, nothing recorded."""
@@ -168,44 +181,60 @@ class Measurement:
 
     def measure_sample(self, name: str, sample: datasets_.Sample, repeat: int, bar: Any, done: set) -> None:
         """Every turn of ``sample`` with one method; a turn already recorded gives its text to the next."""
-        job, tok = self.job, self.loaded.tokenizer
         self.drafters[name].begin_sample()
         answers: list[str] = []
         for turn in range(len(sample.turns)):
-            key = (sample.sample_id, turn, name, repeat)
-            recorded = self.writer.recorded(key)  # also sees rows that concurrent jobs of this run wrote
-            if recorded is not None:
-                answers.append(recorded["output_text"])
-                if key not in done:
-                    bar.update(1)
+            ids = self.next_prompt(name, sample, turn, repeat, answers, bar, done)
+            if ids is None:
+                if len(answers) == turn:  # skipped: the sample ends here
+                    break
                 continue
-            try:
-                ids = (self.prompts[sample.sample_id] if turn == 0
-                       else job.dataset.build_prompt(tok, sample, turn, answers, job.dataset_cfg, job.chat))
-            except datasets_.SampleSkipped:
-                break
-            _check_length(ids, self.loaded.context_length, sample.sample_id)
             t0 = time.perf_counter()
             self.target.reset_peak_memory()
-            rec = self.generate(name, ids, min(job.max_new_tokens, self.loaded.context_length - len(ids)),
-                                _generator(job.seed, sample.sample_id, turn, repeat))
-            peak = self.target.peak_memory_gb()
-            text = tok.decode(rec.output_ids, skip_special_tokens=True)
-            category = sample.meta.get("category")
-            extra = {**job.dataset.score(sample, text, turn, job.dataset_cfg), **self.columns[name],
-                     "peak_memory_gb": peak,
-                     **({"category": category} if category else {})}
-            row = make_row(rec, context={**self.context, "method": name, "preset": job.preset_of(name),
-                                         "method_params": self.params[name]},
-                           sample_id=sample.sample_id, turn=turn, repeat=repeat, output_text=text, extra=extra)
-            earlier = self.writer.recorded(key)  # a concurrent job of this run may have finished it meanwhile
-            if earlier is None:
-                self.writer.append(row)
-            else:  # keep the earlier row (reading would keep it anyway) and go on from its text
-                text = earlier["output_text"]
-            answers.append(text)
+            rec = self.generate(name, ids, self.max_new(ids), self.generator(sample.sample_id, turn, repeat))
+            answers.append(self.write(name, sample, turn, repeat, rec, self.target.peak_memory_gb()))
             bar.set_postfix(method=name, tok_s=f"{rec.new_tokens / max(time.perf_counter() - t0, 1e-9):.1f}")
             bar.update(1)
+
+    def next_prompt(self, name: str, sample: datasets_.Sample, turn: int, repeat: int, answers: list[str],
+                    bar: Any, done: set) -> list[int] | None:
+        """The prompt of ``sample``'s turn ``turn``, checked; None when the turn is recorded already (its text
+        is appended to ``answers``) or the dataset skips it (nothing appended: the sample ends)."""
+        key = (sample.sample_id, turn, name, repeat)
+        recorded = self.writer.recorded(key)  # also sees rows that concurrent jobs of this run wrote
+        if recorded is not None:
+            answers.append(recorded["output_text"])
+            if key not in done:
+                bar.update(1)
+            return None
+        job = self.job
+        try:
+            ids = (self.prompts[sample.sample_id] if turn == 0
+                   else job.dataset.build_prompt(self.loaded.tokenizer, sample, turn, answers, job.dataset_cfg, job.chat))
+        except datasets_.SampleSkipped:
+            return None
+        _check_length(ids, self.loaded.context_length, sample.sample_id)
+        return ids
+
+    def max_new(self, ids: list[int]) -> int:
+        return min(self.job.max_new_tokens, self.loaded.context_length - len(ids))
+
+    def write(self, name: str, sample: datasets_.Sample, turn: int, repeat: int, rec: Any, peak: float) -> str:
+        """Append the row of one generation (unless a concurrent job of this run recorded it meanwhile); the
+        text the sample's next turn builds on."""
+        job = self.job
+        text = self.loaded.tokenizer.decode(rec.output_ids, skip_special_tokens=True)
+        category = sample.meta.get("category")
+        extra = {**job.dataset.score(sample, text, turn, job.dataset_cfg), **self.columns[name],
+                 "peak_memory_gb": peak, **({"category": category} if category else {})}
+        row = make_row(rec, context={**self.context, "method": name, "preset": job.preset_of(name),
+                                     "method_params": self.params[name]},
+                       sample_id=sample.sample_id, turn=turn, repeat=repeat, output_text=text, extra=extra)
+        earlier = self.writer.recorded((sample.sample_id, turn, name, repeat))
+        if earlier is None:
+            self.writer.append(row)
+            return text
+        return earlier["output_text"]  # keep the earlier row (reading would keep it anyway) and go on from its text
 
 
 def _print_stores(rows: Any, current: dict[str, str | None]) -> None:

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from specbench.core import forward
+from specbench.core import kv
 from specbench.core.draft import Draft
 from specbench.core.forward import Target, block_layout, model_devices, runs_on, upload
 from tests.core.test_tree_forward import PREFIX, build
@@ -28,8 +28,8 @@ def test_kept_rows_index_goes_where_the_final_hidden_states_are(monkeypatch):
     assert model_devices(model) == [torch.device("cpu")]  # weights on meta are not computed there
     seen = {}
 
-    def fake_forward(ids, positions, mask, cache, keep_last=0, features=()):
-        seen.update(ids=ids.device, positions=positions.device, mask=mask.device, keep=keep_last.device)
+    def fake_forward(ids, positions, mask, cache, lo=0, keep=None, features=()):
+        seen.update(ids=ids.device, positions=positions.device, mask=mask.device, keep=keep.device)
         return torch.zeros(1)
 
     monkeypatch.setattr(target, "_forward", fake_forward)
@@ -87,7 +87,7 @@ def test_compaction_uploads_its_index_once_per_device_not_per_layer(monkeypatch)
     past = cache.get_seq_length()
     target.forward_draft(PREFIX[-1], Draft(tokens=[3, 4, 5], parents=[-1, -1, 1], sources=["t"] * 3), cache)
     calls = []
-    monkeypatch.setattr(forward, "upload", lambda values, device, dtype=None: calls.append(device) or
+    monkeypatch.setattr(kv, "upload", lambda values, device, dtype=None: calls.append(device) or
                         torch.as_tensor(values, device=device))
     target.compact(cache, past, [1, 2])
     assert len(cache.layers) == 3 and calls == [torch.device("cpu")]

@@ -117,7 +117,7 @@ def test_a_broken_rule_through_the_shared_helper_is_caught(monkeypatch):
     """After a rejected guess the rule must draw from the residual (p with the rejected token removed);
     drawing from p itself over-weights the rejected token. The shared helper must fail on it."""
 
-    def broken(draft, logits, params, generator=None):
+    def broken(draft, logits, params, generator=None, argmax=None):
         path, tokens = accept(draft, logits, params, generator)
         if draft.tokens and not path:  # the first guesses were rejected: draw from p, ignoring the rejections
             return [], [sample(target_probs(logits[0], params), generator)]

@@ -11,6 +11,7 @@ within its method's ceiling (:data:`SYNC_CEILING`).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections import Counter
 
@@ -21,7 +22,7 @@ from methods.registry import build_method_config, get_method
 from specbench.budget.costs import CostModel
 from specbench.budget.planner import AutoBudget
 from specbench.core.acceptance import SamplingParams
-from specbench.core.decode import generate
+from specbench.core.decode import Request, decode_batch, generate
 from specbench.core.draft import Drafter, DrafterContext
 from specbench.core.forward import Target
 from specbench.drafting.eagle_drafter import random_head
@@ -243,3 +244,64 @@ def test_each_gpu_receives_a_steps_mask_and_rotary_once_not_once_per_layer(gpus,
         _, steps = step_traffic(case, models[gpus], gpus, saved, store, heads)
         worst = max(t.peer_copies for t in steps)
         assert 0 < worst <= per_boundary * (gpus - 1) + 1, (case, worst)
+
+
+def batch_requests(lm, make, lengths=(14, 6, 11, 3, 16)):
+    """Requests of mixed prompt and answer lengths, each with a drafter spawned from the method's first."""
+    base = prompt(lm)
+    first = make()
+    cuts = [len(base), len(base) - 7, len(base) - 3, len(base) - 11, len(base) - 5]
+    return [Request(base[:cut], n, first if i == 0 else first.spawn(), tag=i)
+            for i, (cut, n) in enumerate(zip(cuts, lengths, strict=True))]
+
+
+_AR_BATCH: dict = {}
+
+
+# batch sizes with the number of simulated GPUs the model is split over (0: the plain CPU); 5 requests, so
+# slots are refilled at 2 and 4, and a batch of 8 is never full. make test: 4 on 2 GPUs; make test-slow adds
+# 2 and 8 on the CPU.
+BATCHES = [pytest.param(2, 0, marks=pytest.mark.slow), (4, 2), pytest.param(8, 0, marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize(("batch_size", "gpus"), BATCHES)
+@pytest.mark.parametrize("case", CASES)
+def test_every_method_decoded_in_a_batch_gives_each_request_its_autoregressive_output(case, batch_size, gpus,
+                                                                                      models, store, heads, saved):
+    """Greedy, fp32: requests decoded together (rows at their own lengths, finished slots refilled) yield
+    token for token what each yields alone with plain decoding."""
+    sampling = SamplingParams()
+    if not _AR_BATCH:
+        for req in batch_requests(models[0], lambda: Drafter(vocab_size=0)):
+            _AR_BATCH[req.tag] = generate(Target(models[0].model), Drafter(vocab_size=0), req.prompt_ids,
+                                          max_new_tokens=req.max_new_tokens).output_ids
+    lm = models[gpus]
+    with simulated_gpus(gpus, free_memory(saved[1], gpus)) if gpus else contextlib.nullcontext():
+        make, _ = maker(case, lm.model, sampling, store, heads)
+        queue = batch_requests(lm, make)[::-1]
+        got = {req.tag: rec for req, rec in decode_batch(Target(lm.model), lambda: queue.pop() if queue else None,
+                                                         batch_size=batch_size)}
+    assert {tag: rec.output_ids for tag, rec in got.items()} == _AR_BATCH
+    assert len({rec.slot for rec in got.values()}) == min(batch_size, len(got))
+
+
+@pytest.mark.parametrize("case", ["spectra_core", "token_recycling", "sps", "eagle"])
+def test_sampled_requests_in_a_batch_on_two_gpus_draw_what_each_draws_alone_on_the_cpu(case, models, store, heads,
+                                                                                       saved):
+    """T = 1: each request keeps its own sampling stream, so a batch of 4 on 2 simulated GPUs draws the tokens
+    each request draws alone at batch size 1 (whose rule the statistical tests check)."""
+    sampling = SamplingParams(temperature=1.0)
+    make, _ = maker(case, models[0].model, sampling, store, heads)
+    alone = {}
+    for req in batch_requests(models[0], make):  # drafters of the same seeds as the batch's
+        alone[req.tag] = generate(Target(models[0].model), req.drafter, req.prompt_ids,
+                                  max_new_tokens=req.max_new_tokens, sampling=sampling,
+                                  generator=torch.Generator().manual_seed(req.tag)).output_ids
+    with simulated_gpus(2, free_memory(saved[1], 2)):
+        make, _ = maker(case, models[2].model, sampling, store, heads)
+        queue = batch_requests(models[2], make)[::-1]
+        for req in queue:
+            req.generator = torch.Generator().manual_seed(req.tag)
+        got = {req.tag: rec.output_ids for req, rec in decode_batch(
+            Target(models[2].model), lambda: queue.pop() if queue else None, batch_size=4, sampling=sampling)}
+    assert got == alone

@@ -149,18 +149,17 @@ def test_smoke_experiment_runs_and_reports(smoke, tmp_path, request):
                 assert data["ours"].notna().any(), o
             else:
                 assert (tmp_path / "report" / f"{o}.png").stat().st_size > 1000
+    if smoke == "table6_smoke":
+        table6_rows_name_the_preset_and_label(df, tmp_path)
 
 
-def test_table6_smoke_rows_name_the_preset_and_label(tmp_path):
+def table6_rows_name_the_preset_and_label(df, tmp_path):
     """Under Hydra the preset is the method group's choice; a re-run skips what is recorded."""
-    args = ("-m", "experiment=table6_smoke", f"results_dir={tmp_path}/results", "progress=false")
-    first = run_cli(*args, f"hydra.sweep.dir={tmp_path}/s1")
-    assert first.returncode == 0, first.stderr[-3000:]
-    df = load_results(tmp_path / "results" / "table6")
     spectra = df[df["method"] == "spectra_core"]
     assert set(spectra["preset"]) == {"spectra_core-cpu:auto"} and set(df["device"]) == {"1xCPU"}  # its budget
     assert set(df[df["method"] == "autoregressive"]["preset"]) == {"autoregressive"}
-    again = run_cli(*args, f"hydra.sweep.dir={tmp_path}/s2")
+    again = run_cli("-m", "experiment=table6_smoke", f"results_dir={tmp_path}/results", "progress=false",
+                    f"hydra.sweep.dir={tmp_path}/again")
     assert again.returncode == 0 and "0 done, 1 skipped (already recorded), 0 failed" in again.stderr
 
 
