@@ -16,7 +16,7 @@ PYTEST      := $(PY) -m pytest -p no:cacheprovider
 
 .DEFAULT_GOAL := help
 .PHONY: help setup demo smoke smoke-experiments test test-slow slurm-test test-all gpu-check lint bench bench-stores bench-heads bench-retrieval clean train-acceptance-head train-eagle-head \
-        datastore datastore-refine memory_scopes spec_bench table1 table2 table3 table4 table5 table6 table7 figures report reproduce-cpu
+        datastore datastore-refine memory_scopes batch_sweep spec_bench table1 table2 table3 table4 table5 table6 table7 figures report reproduce-cpu
 
 # Paper reproduction. Sweeps write <RESULTS>/<experiment>/; reports go to <REPORTS>/ (Markdown, LaTeX,
 # CSV, PNG, PDF). ARGS adds overrides to every sweep, e.g. ARGS="model=llama2-7b hydra/launcher=slurm".
@@ -149,9 +149,10 @@ smoke-experiments: setup ## every experiment's smoke variant (tiny model, second
 	  $(PY) -m specbench.datastore build --model tiny-llama --source stdlib --limit 20 --quiet
 	$(PY) -m specbench.datastore info --model tiny-llama --store stdlib-refined >/dev/null 2>&1 || \
 	  $(PY) -m specbench.datastore refine --model tiny-llama --store stdlib --keep 0.5 --sample 40 --quiet
-	for e in table1 table2 table3 table6 table7 figure3 figure4 figure6 spec_bench; do \
+	for e in table1 table2 table3 table6 table7 figure3 figure4 figure6 spec_bench batch_sweep; do \
 	  $(PY) run.py -m experiment=$${e}_smoke progress=false || exit 1; done
 	$(PY) -m specbench.report --results results/smoke --out reports/smoke
+	$(PY) -m specbench.report batch_sweep --results results/smoke --out reports/smoke/batch_sweep
 	$(PY) -m specbench.report spec_bench --results results/smoke --out reports/smoke/spec_bench
 
 SPEC_BENCH_QUESTIONS ?=
@@ -188,6 +189,10 @@ figures: setup ## Figures 3, 4 and 6: their sweeps (FLASH=1 adds chain methods u
 	$(if $(FLASH),$(SWEEP) experiment=figure4 hardware.attn_implementation=flash_attention_2 method=pld,anpd $(ARGS))
 	$(SWEEP) experiment=figure6 $(ARGS)
 	$(REPORT) figures
+
+batch_sweep: setup ## speedup against batch size (1 to 32) for the training-free and head methods on MT-Bench and HumanEval (GPU); then its table
+	$(SWEEP) experiment=batch_sweep $(ARGS)
+	$(REPORT) batch_sweep
 
 memory_scopes: setup ## τ of per-turn / per-sample / per-run drafter memory on two-turn MT-Bench (SmolLM2, CPU); then its table
 	$(SWEEP) experiment=memory_scopes $(ARGS)

@@ -49,6 +49,7 @@ JOIN_KEYS = (
     "max_new_tokens",
     "device_name",
     "dtype",
+    "batch_size",
 )
 # One summary row per combination of these (absent columns are skipped).
 GROUP_KEYS = (
@@ -65,6 +66,7 @@ GROUP_KEYS = (
     "device",
     "attn_implementation",
     "dtype",
+    "batch_size",
 )
 QUALITY_COLUMNS = ("rouge1", "rouge2", "rougeL", "accuracy", "pass")
 
@@ -154,6 +156,39 @@ def _group_stats(g: pd.DataFrame) -> dict:
     return stats
 
 
+def _serving_stats(g: pd.DataFrame) -> dict:
+    """Throughput and latency as a serving reader reads them: generated tokens per second over each batch's
+    span (a method's requests of one job and repeat, first prefill to last end; at batch size 1, the
+    generations' own wall times), each request's latency (its prefill's start to its end) and its time per
+    output token."""
+    batched = "started_s" in g.columns and int(g["batch_size"].max()) > 1
+    if batched:
+        latency = (g["finished_s"] - g["started_s"]).astype(float)
+        runs = g.groupby([c for c in ("run_id", "repeat") if c in g.columns])
+        span = float((runs["finished_s"].max() - runs["started_s"].min()).sum())
+    else:
+        latency = g["wall_s"].astype(float)
+        span = float(latency.sum())
+    per_token = latency / g["new_tokens"].clip(lower=1)
+    return {
+        "throughput": float(g["new_tokens"].sum()) / span if span > 0 else math.nan,
+        "latency_s": float(latency.mean()),
+        "latency_p50_s": float(latency.quantile(0.5)),
+        "latency_p90_s": float(latency.quantile(0.9)),
+        "tpot_ms": 1000.0 * float(per_token.mean()),
+    }
+
+
+def _throughput_speedups(res: pd.DataFrame, group_keys: list[str], baseline_method: str) -> pd.Series:
+    """Each summary row's throughput over its baseline's (the baseline's row of the same keys but the method)."""
+    keys = [k for k in group_keys if k not in ("preset", "method", "method_params")]
+    base = res[res["method"] == baseline_method].set_index(keys)["throughput"] if keys else None
+    if base is None or base.index.has_duplicates:
+        return pd.Series(math.nan, index=res.index)
+    index = pd.MultiIndex.from_frame(res[keys]) if len(keys) > 1 else pd.Index(res[keys[0]])
+    return pd.Series(res["throughput"].to_numpy() / base.reindex(index).to_numpy(), index=res.index)
+
+
 def _speedup_stats(paired: pd.DataFrame) -> dict:
     """Speedup of paired rows (method columns + ``_base_*``): pooled, per repeat, bootstrapped over prompts."""
     cols = {"m_tokens": "new_tokens", "m_seconds": "wall_s", "b_tokens": "_base_tokens", "b_seconds": "_base_wall_s"}
@@ -220,7 +255,10 @@ def summarize(df: pd.DataFrame, baseline_method: str = BASELINE, same_job: bool 
     ``greedy_match`` = at temperature 0, the fraction of paired rows whose
     output_ids equal the baseline's token for token (NaN when sampling or
     unpaired); ``overhead_ms_per_step`` = 1000 · Σ draft_overhead_s / Σ decode
-    steps; plus the mean of any :data:`QUALITY_COLUMNS`.
+    steps; plus the mean of any :data:`QUALITY_COLUMNS`. Serving figures (one ``batch_size`` per row, rows
+    written before batches existed are batch size 1): ``throughput`` (generated tokens/s over each batch's
+    span), ``throughput_speedup`` (over the baseline's at the same batch size), ``latency_s``,
+    ``latency_p50_s``, ``latency_p90_s`` (per request) and ``tpot_ms`` (mean time per output token).
     """
     if df.empty:
         return pd.DataFrame()
@@ -228,6 +266,7 @@ def summarize(df: pd.DataFrame, baseline_method: str = BASELINE, same_job: bool 
     if "repeat" not in df.columns:
         df["repeat"] = 0
     df["repeat"] = df["repeat"].fillna(0).astype(int)
+    df["batch_size"] = df["batch_size"].fillna(1).astype(int) if "batch_size" in df.columns else 1
     group_keys = [k for k in GROUP_KEYS if k in df.columns]
     join_keys = [k for k in JOIN_KEYS if k in df.columns] + ["repeat"]
     if same_job:
@@ -248,6 +287,7 @@ def summarize(df: pd.DataFrame, baseline_method: str = BASELINE, same_job: bool 
     for key, g in df.groupby(group_keys, dropna=False, sort=True):
         rec = dict(zip(group_keys, key, strict=True))
         rec.update(_group_stats(g))
+        rec.update(_serving_stats(g))
         paired = g.merge(base, on=join_keys, how="inner")
         rec["n_paired"] = len(paired)
         if rec["method"] == baseline_method:
@@ -290,6 +330,7 @@ def summarize(df: pd.DataFrame, baseline_method: str = BASELINE, same_job: bool 
         "wall_s",
     ]
     res = pd.DataFrame(out)
+    res["throughput_speedup"] = _throughput_speedups(res, group_keys, baseline_method)
     return res[first + [c for c in res.columns if c not in first]]
 
 

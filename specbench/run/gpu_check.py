@@ -33,7 +33,7 @@ from specbench.core.decode import generate
 from specbench.core.draft import Draft, Drafter
 from specbench.core.forward import Target
 from specbench.run.gpu_models import DTYPES, SHAPES, TINY, Row, build, drafters, margins, prompts
-from specbench.run.gpu_scenarios import check_budget_auto, check_sampling, check_split, plan_70b
+from specbench.run.gpu_scenarios import check_batch, check_budget_auto, check_sampling, check_split, plan_70b
 from specbench.run.gpu_speed import fit_layers, speed
 
 __all__ = ["SHAPES", "TINY", "build", "check_compaction", "check_methods", "check_tree", "fit_layers", "prompts",
@@ -164,28 +164,34 @@ def check_device_map(model: torch.nn.Module, dtype: str, model_name: str, texts:
 
 
 def correctness(target: Target, dtype: str, model_name: str, texts: list[list[int]], long: list[int],
-                new_tokens: int, work: Path) -> list[Row]:
+                new_tokens: int, work: Path, only: tuple[str, ...] | None = None) -> list[Row]:
     """The rows of one model in one dtype: tree and compaction after a short prompt and after ``long``, every
-    method greedy, the tree and head methods after ``long``, sampling at T = 1 (not bf16), budget=auto (fp32)."""
+    method (or those ``only`` names) greedy, the tree and head methods after ``long``, sampling at T = 1 (not
+    bf16), budget=auto and every method in a batch (fp32)."""
     rows = [check_tree(target, dtype, model_name, texts[0]), check_compaction(target, dtype, model_name, texts[0]),
             check_tree(target, dtype, model_name, long, check=f"tree, {len(long)} context"),
             check_compaction(target, dtype, model_name, long, check=f"compaction, {len(long)} context")]
-    rows += check_methods(target, dtype, model_name, texts, new_tokens, work)
-    rows += check_methods(target, dtype, model_name, [long], new_tokens // 2, work / "long", only=LONG_METHODS,
+    rows += check_methods(target, dtype, model_name, texts, new_tokens, work, only=only)
+    long_only = LONG_METHODS if only is None else tuple(m for m in LONG_METHODS if m in only)
+    rows += check_methods(target, dtype, model_name, [long], new_tokens // 2, work / "long", only=long_only,
                           context=f", {len(long)} context")
     if dtype != "bf16":
-        rows += check_sampling(target, dtype, model_name, texts, new_tokens, work / "sampling")
+        rows += check_sampling(target, dtype, model_name, texts, new_tokens, work / "sampling", only=only)
     if dtype == "fp32":
         expected = [generate(target, Drafter(vocab_size=0), p, max_new_tokens=new_tokens).output_ids for p in texts]
-        rows.append(check_budget_auto(target, dtype, model_name, texts, new_tokens, work / "auto", expected))
+        rows.append(check_budget_auto(target, dtype, model_name, texts, new_tokens, work / "auto", expected,
+                                      only=only))
+        rows.append(check_batch(target, dtype, model_name, texts, new_tokens, work / "batch", expected, only=only))
     return rows
 
 
 def run_checks(device: str, *, tiny: bool = False, layers: int = 4, speed_layers: int = 32, new_tokens: int = 48,
                speed_tokens: int = 64, long_context: int = LONG_CONTEXT, models: tuple[str, ...] | None = None,
-               dtypes: tuple[str, ...] | None = None, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+               dtypes: tuple[str, ...] | None = None, methods: tuple[str, ...] | None = None,
+               progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
     """Every check and the speed table on ``device``; ``tiny`` uses :data:`TINY` shapes (the CPU self-test);
-    ``long_context``: the tokens of the long prompt; ``models`` and ``dtypes``: some of them (all when None)."""
+    ``long_context``: the tokens of the long prompt; ``models``, ``dtypes`` and ``methods``: some of them (all
+    when None; the baseline always runs)."""
     shapes = {k: v for k, v in (TINY if tiny else SHAPES).items() if models is None or k in models}
     rows: list[Row] = [plan_70b()]
     speeds: list[dict[str, Any]] = []
@@ -205,7 +211,8 @@ def run_checks(device: str, *, tiny: bool = False, layers: int = 4, speed_layers
                 target = Target(model)
                 work = Path(tmp) / f"{model_name}-{dtype}"
                 work.mkdir()
-                rows += correctness(target, dtype, model_name, texts, long, new_tokens, work)
+                rows += correctness(target, dtype, model_name, texts, long, new_tokens, work,
+                                    only=None if methods is None else ("autoregressive", *methods))
                 if dtype == "fp16" or (tiny and dtype == "fp32"):
                     progress(f"{model_name} {dtype}: device_map")
                     rows += check_device_map(model, dtype, model_name, texts[:1], new_tokens, work, device)
@@ -221,7 +228,8 @@ def run_checks(device: str, *, tiny: bool = False, layers: int = 4, speed_layers
             work = Path(tmp) / f"{model_name}-speed"
             work.mkdir()
             qs = (1, 8, 32) if tiny else None
-            curves[model_name], table = speed(target, model_name, texts, speed_tokens, work, cost_qs=qs)
+            curves[model_name], table = speed(target, model_name, texts, speed_tokens, work, cost_qs=qs,
+                                              only=None if methods is None else ("autoregressive", *methods))
             speeds += [{**r, "layers": n} for r in table]
             if target.model.config._attn_implementation != "sdpa":  # grouped-query: also K/V repeated per head
                 from specbench.budget.costs import QS, measure

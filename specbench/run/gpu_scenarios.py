@@ -26,7 +26,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 from methods.registry import get_method
 from specbench.core.acceptance import SamplingParams
-from specbench.core.decode import generate
+from specbench.core.decode import Request, decode_batch, generate
 from specbench.core.draft import Drafter
 from specbench.core.forward import Target
 from specbench.errors import ModelLoadError
@@ -62,13 +62,13 @@ def surprise(target: Target, prompt: list[int], output: list[int]) -> tuple[floa
 
 
 def check_sampling(target: Target, dtype: str, model_name: str, texts: list[list[int]], new_tokens: int,
-                   workdir: Path) -> list[Row]:
+                   workdir: Path, only: tuple[str, ...] | None = None) -> list[Row]:
     """Every method at T = 1: no crash, no token the target gives less than :data:`LEAST_PROBABILITY`, and the
     sampled tokens' log-probabilities where the target's own draws put them (|z| ≤ :data:`Z_LIMIT`)."""
     sampling = SamplingParams(temperature=1.0)
     vocab = target.model.config.vocab_size
     rows, found, taus = [], {}, []
-    for name, make in drafters(target, vocab, workdir, texts, sampling=sampling).items():
+    for name, make in drafters(target, vocab, workdir, texts, only=only, sampling=sampling).items():
         gen = torch.Generator().manual_seed(0)
         try:
             recs = [generate(target, make(), p, max_new_tokens=new_tokens, sampling=sampling, generator=gen)
@@ -90,8 +90,34 @@ def check_sampling(target: Target, dtype: str, model_name: str, texts: list[list
     return rows + [("sampling T = 1", model_name, dtype, bool(found) and not bad, detail)]
 
 
+def check_batch(target: Target, dtype: str, model_name: str, texts: list[list[int]], new_tokens: int,
+                workdir: Path, expected: list[list[int]], batch_size: int = 2, only: tuple[str, ...] | None = None
+                ) -> Row:
+    """Every method decoding the prompts (each with two answer lengths) ``batch_size`` at a time, rows at their
+    own lengths and finished slots refilled: each request's output is its autoregressive output."""
+    lengths = (new_tokens, max(1, new_tokens // 3))
+    wrong, ran = [], 0
+    for name, make in drafters(target, target.model.config.vocab_size, workdir, texts, only=only).items():
+        first = make()
+        wanted = [(j, p, n) for n in lengths for j, p in enumerate(texts)]
+        queue = [Request(p, n, first.spawn() if i else first, tag=(j, n)) for i, (j, p, n) in enumerate(wanted)][::-1]
+        try:
+            got = {req.tag: rec.output_ids for req, rec in decode_batch(
+                target, lambda: queue.pop() if queue else None, batch_size=batch_size)}  # noqa: B023
+        except Exception as err:  # noqa: BLE001
+            wrong.append(f"{name} ({type(err).__name__}: {str(err)[:80]})")
+            continue
+        ran += 1
+        if any(out != expected[j][:n] for (j, n), out in got.items()):
+            wrong.append(name)
+    detail = (f"{ran} methods, {len(texts) * len(lengths)} requests {batch_size} at a time, equal autoregressive"
+              if not wrong else f"differ: {', '.join(wrong)}")
+    return (f"batch of {batch_size}", model_name, dtype, not wrong, detail)
+
+
 def check_budget_auto(target: Target, dtype: str, model_name: str, texts: list[list[int]], new_tokens: int,
-                      workdir: Path, expected: list[list[int]], qs: tuple[int, ...] = (1, 8, 32, 64, 128)) -> Row:
+                      workdir: Path, expected: list[list[int]], qs: tuple[int, ...] = (1, 8, 32, 64, 128),
+                      only: tuple[str, ...] | None = None) -> Row:
     """Every method ``budget=auto`` applies to, planning under a curve measured here, gives ``expected``."""
     from specbench.budget.costs import measure
     from specbench.budget.planner import AutoBudget
@@ -99,7 +125,7 @@ def check_budget_auto(target: Target, dtype: str, model_name: str, texts: list[l
     vocab = target.model.config.vocab_size
     curve = measure(target, vocab, qs=qs, contexts=(len(texts[0]), 1024))
     wrong, ran = [], 0
-    for name, make in drafters(target, vocab, workdir, texts).items():
+    for name, make in drafters(target, vocab, workdir, texts, only=only).items():
         cls = get_method(name)
         if not getattr(cls, "budget_auto", False) or name == "autoregressive":
             continue

@@ -35,14 +35,15 @@ def count_syncs() -> Iterator[list]:
 
 
 def speed(target: Target, model_name: str, texts: list[list[int]], new_tokens: int, workdir: Path,
-          cost_qs=None) -> tuple[Any, list[dict[str, Any]]]:
-    """The cost curve and, per method, τ, draft and forward ms per step, host syncs per step, peak memory."""
+          cost_qs=None, only: tuple[str, ...] | None = None) -> tuple[Any, list[dict[str, Any]]]:
+    """The cost curve and, per method (or those ``only`` names), τ, draft and forward ms per step, host syncs per
+    step, peak memory."""
     from specbench.budget.costs import QS, measure
 
     vocab = target.model.config.vocab_size
     curve = measure(target, vocab, qs=cost_qs or QS, context_length=target.model.config.max_position_embeddings)
     rows = []
-    for name, make in drafters(target, vocab, workdir, texts).items():
+    for name, make in drafters(target, vocab, workdir, texts, only=only).items():
         generate(target, make(), texts[0], max_new_tokens=8)  # warm-up
         target.reset_peak_memory()
         steps = tokens = 0

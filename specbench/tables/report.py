@@ -28,7 +28,8 @@ import pandas as pd
 
 from specbench.errors import ConfigError
 from specbench.results.rows import load_results
-from specbench.tables.figures import FIGURE_BUILDERS
+from specbench.tables.batches import BATCH_FIGURES, batch_sweep
+from specbench.tables.figures import FIGURE_BUILDERS as PAPER_FIGURES
 from specbench.tables.memory import memory_scopes
 from specbench.tables.paper import (
     load_paper,
@@ -56,16 +57,23 @@ SOURCES = {
     "figure6": "figure6",
     "memory_scopes": "memory_scopes",
     "spec_bench": "spec_bench",
+    "batch_sweep": "batch_sweep",
+    "batch_speedup": "batch_sweep",
+    "batch_latency": "batch_sweep",
 }
 TABLES = ("table1", "table2", "table3", "table4", "table5", "table6", "table7")
-EXTRA_TABLES = ("memory_scopes", "spec_bench")  # not the paper's tables: only when asked for by name
+EXTRA_TABLES = ("memory_scopes", "spec_bench", "batch_sweep")  # not the paper's tables: only when asked for by name
 FIGURES = ("figure3", "figure4", "figure6")
+FIGURE_BUILDERS = {**PAPER_FIGURES, **BATCH_FIGURES}
+# A name that stands for several outputs of one experiment.
+GROUPS = {"all": TABLES + FIGURES, "tables": TABLES, "figures": FIGURES,
+          "batch_sweep": ("batch_sweep", *BATCH_FIGURES)}
 
 
 BUILDERS: dict[str, Callable[..., Table]] = {
     "table1": table1, "table2": table2, "table3": table3, "table4": table4,
     "table5": table5, "table6": table6, "table7": table7, "memory_scopes": memory_scopes,
-    "spec_bench": spec_bench_table,
+    "spec_bench": spec_bench_table, "batch_sweep": batch_sweep,
 }
 
 
@@ -119,7 +127,7 @@ def write_report(
 def _expand(what: Sequence[str]) -> list[str]:
     names: list[str] = []
     for w in what or ["all"]:
-        group = {"all": TABLES + FIGURES, "tables": TABLES, "figures": FIGURES}.get(w, (w,))
+        group = GROUPS.get(w, (w,))
         for n in group:
             if n not in SOURCES:
                 from specbench.errors import suggest

@@ -11,9 +11,11 @@ import pytest
 from methods.registry import register_method
 from specbench.core.draft import Drafter
 from specbench.errors import ConfigError
+from specbench.results.metrics import summarize
 from specbench.results.rows import load_results
 from specbench.run.job import hash_config, plan
 from specbench.run.runner import run
+from specbench.tables.batches import batch_sweep, stops_paying
 from tests.run.test_config import make_cfg
 
 
@@ -45,6 +47,37 @@ def test_a_batched_job_records_every_turn_with_the_outputs_of_batch_one(tmp_path
         assert (rows.started_s.values[:, None] < rows.finished_s.values[None, :]).sum() > len(rows)
     assert set(summary.method) == {"pld", "autoregressive"}
     assert "speedup" in capsys.readouterr().out
+    assert (summary.throughput > 0).all() and (summary.latency_p90_s >= summary.latency_p50_s).all()
+    span = df.groupby("method").finished_s.max() - df.groupby("method").started_s.min()
+    throughput = (df.groupby("method").new_tokens.sum() / span).to_dict()
+    assert summary.set_index("method").throughput.to_dict() == pytest.approx(throughput)
+
+
+def test_summaries_keep_batch_sizes_apart(tmp_path):
+    """Batch 1 and batch 2 rows in one folder: each pairs with its own baseline, never across batch sizes."""
+    run(cfg_for(tmp_path, "method=pld", "limit=2", "batch_size=2"))
+    run(cfg_for(tmp_path, "method=pld", "limit=2"))
+    df = load_results(tmp_path)
+    summary = summarize(df)
+    assert sorted(summary.batch_size) == [1, 1, 2, 2]
+    rows_per = len(df) // 4
+    assert (summary.n_paired == rows_per).all() and (summary.n_samples == rows_per).all()
+    base = summary[summary.method == "autoregressive"]
+    assert (base.throughput_speedup == 1.0).all()
+    legacy = df[df.batch_size == 1].drop(columns=["batch_size", "started_s", "finished_s", "slot"])
+    assert summarize(legacy).batch_size.tolist() == [1, 1]  # rows from before batches count as batch size 1
+    table = batch_sweep(df)
+    (_, header, rows), = table.sections
+    assert header[-3:] == ["B = 1", "B = 2", "stops paying"] and len(rows) == 1 and rows[0][2] == "pld"
+    assert set(table.data.batch_size) == {1, 2} and table.data[table.data.metric == "throughput"].ours.gt(0).all()
+
+
+def test_where_a_method_stops_paying():
+    assert stops_paying([(1, "faster"), (2, "faster"), (4, "no measurable change"), (8, "slower")]) == \
+        "slower from B = 8"
+    assert stops_paying([(1, "faster"), (2, "no measurable change"), (4, "faster")]) == \
+        "no measurable gain from B = 2"
+    assert stops_paying([(1, "faster"), (16, "faster")]) == "pays up to B = 16"
 
 
 def test_a_batched_job_resumes_without_decoding_recorded_turns_again(tmp_path):

@@ -27,7 +27,7 @@ def test_every_check_runs_on_the_cpu_with_tiny_shapes(capsys):
     out = capsys.readouterr().out
     assert "FAILED" not in out and "checks passed" in out
     for check in ("tree", "compaction", "lossless", "fixed point", "device_map", "tree, 160 context",
-                  "compaction, 160 context", "lossless, 160 context", "sampling T = 1", "budget=auto",
+                  "compaction, 160 context", "lossless, 160 context", "sampling T = 1", "budget=auto", "batch of 2",
                   "70B plan (meta)"):
         assert f"| {check} |" in out
     assert out.count("| lossless | ") == 1 and f"{len(method_names())} methods equal autoregressive" in out
@@ -159,6 +159,10 @@ def test_the_70b_plan_fits_four_h100s_offloads_on_small_gpus_and_refuses_one_gpu
     assert not small[3] and "offloaded" in small[4]
 
 
+# A method of each kind (every method runs on simulated GPUs in tests/methods/test_simulated_gpus.py).
+SIM_METHODS = ("pld", "spectra", "token_recycling", "sps", "eagle", "medusa")
+
+
 def test_every_check_passes_on_a_simulated_gpu():
     """gpu-check's CUDA path as a lent GPU runs it (torch.cuda's queries, the sync debug mode, the model split
     between cuda:0 and host memory through accelerate's offload hooks), on one simulated GPU."""
@@ -166,10 +170,12 @@ def test_every_check_passes_on_a_simulated_gpu():
 
     with simulated_gpus(1, 8 * 2**30):
         result = gpu_check.run_checks("cuda", tiny=True, layers=2, speed_layers=2, new_tokens=8, speed_tokens=8,
-                                      long_context=64, models=("llama3-8b",), dtypes=("fp32",))
+                                      long_context=64, models=("llama3-8b",), dtypes=("fp32",), methods=SIM_METHODS)
     failed = [r for r in result["checks"] if not r[3]]
     assert not failed, failed
     names = {r[0] for r in result["checks"]}
-    assert {"device_map", "cuda:0 + CPU split", "sampling T = 1", "budget=auto", "lossless, 64 context"} <= names
+    assert {"device_map", "cuda:0 + CPU split", "sampling T = 1", "budget=auto", "batch of 2",
+            "lossless, 64 context"} <= names
     assert all(r["syncs"] == r["syncs"] for r in result["speed"])  # counted (NaN without CUDA)
+    assert {r["method"] for r in result["speed"]} == {"autoregressive", *SIM_METHODS}
     assert "llama3-8b, K/V repeated (hardware.gqa=repeat)" in result["curves"]
