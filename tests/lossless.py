@@ -109,6 +109,9 @@ class _Length:
     def clear(self, slot):
         self.lengths[slot] = 0
 
+    def reserve(self, need):
+        pass
+
     def move(self, src, dst):
         self.lengths[dst], self.lengths[src] = self.lengths[src], 0
 
@@ -145,6 +148,13 @@ class BigramTarget(Target):
         if draft.aux_logit_rows is not None:  # as the real target: logits only where they are read
             tokens = tokens[: 1 + len(draft.tokens)] + [draft.aux_tokens[j] for j in draft.aux_logit_rows]
         return self.table[tokens]
+
+    def prefill_rows(self, prompts, cache, lo, features=()):
+        logits, self.row_features = [], []
+        for r, prompt in enumerate(prompts):
+            logits.append(self.prefill(prompt, cache, features, slot=lo + r))
+            self.row_features.append(self.features)
+        return torch.stack(logits)
 
     def forward_rows(self, roots, drafts, cache, lo=0, features=()):
         logits, self.row_features = [], []

@@ -111,26 +111,42 @@ class _Loop:
         self.rows: list[_Row | None] = []
         self.clock = perf_counter() if clock is None else clock
 
-    def start(self, slot: int, request: Request) -> _Row:
-        """Prefill ``request`` into ``slot`` (step 0: its first token)."""
-        target, drafter, prompt = self.target, request.drafter, list(request.prompt_ids)
-        record = GenerationRecord(prompt_len=len(prompt), slot=slot)
+    def start(self, admitted: list[tuple[int, Request]]) -> list[_Row]:
+        """Prefill each request into its slot (step 0: its first token): slots in a contiguous run share one
+        forward (up to :data:`PREFILL_MASK` mask entries), so a batch's first prompts cost one pass."""
+        rows = []
+        for group in _runs(admitted):
+            rows += self._start_group(group)
+        return rows
+
+    def _start_group(self, group: list[tuple[int, Request]]) -> list[_Row]:
+        target, cache = self.target, self.cache
         t0 = perf_counter()
-        record.started_s = t0 - self.clock
-        drafter.new_turn(prompt)
-        layers = tuple(drafter.feature_layers)
-        self.cache.clear(slot)
-        logits = target.prefill(prompt, self.cache, features=layers, slot=slot)
-        if layers:
-            drafter.prefilled(target.features)
-        _, tokens = accept(_EMPTY, logits[None], self.sampling, request.generator)
-        kept = _commit(record, tokens, self.eos, request.max_new_tokens)
+        prompts = [list(request.prompt_ids) for _, request in group]
+        layers = tuple(group[0][1].drafter.feature_layers)
+        for (slot, request), prompt in zip(group, prompts, strict=True):
+            request.drafter.new_turn(prompt)
+            cache.clear(slot)
+            cache.reserve(len(prompt) + request.max_new_tokens + 64)  # room for the whole answer, and a block
+        logits = target.prefill_rows(prompts, cache, group[0][0], features=layers)
+        rows = []
+        for r, ((slot, request), prompt) in enumerate(zip(group, prompts, strict=True)):
+            drafter = request.drafter
+            record = GenerationRecord(prompt_len=len(prompt), slot=slot)
+            record.started_s = t0 - self.clock
+            if layers:
+                drafter.prefilled(target.row_features[r])
+            _, tokens = accept(_EMPTY, logits[r : r + 1], self.sampling, request.generator)
+            kept = _commit(record, tokens, self.eos, request.max_new_tokens)
+            record.dropped = len(tokens) - kept
+            name = getattr(drafter, "name", type(drafter).__name__)
+            rows.append(_Row(request, record, prompt + record.output_ids, layers, name))
         target.sync()
-        record.prefill_s = perf_counter() - t0
-        record.dropped = len(tokens) - kept
-        _record_step(record, kept, record.prefill_s, 0, 0, 0, 0, 0.0, 0.0)
-        name = getattr(drafter, "name", type(drafter).__name__)
-        return _Row(request, record, prompt + record.output_ids, layers, name)
+        seconds = perf_counter() - t0
+        for row in rows:  # a shared prefill is each of its requests' prefill time
+            row.record.prefill_s = seconds
+            _record_step(row.record, len(row.record.output_ids), seconds, 0, 0, 0, 0, 0.0, 0.0)
+        return rows
 
     def propose(self, row: _Row) -> None:
         start = perf_counter()
@@ -240,20 +256,26 @@ def decode_batch(
     free = list(range(batch_size))
     while True:
         while free:  # fill every free slot that a request is ready for
-            request = next_request()
-            if request is None:
+            admitted = []
+            for slot in list(free):
+                request = next_request()
+                if request is None:
+                    break
+                admitted.append((slot, request))
+                free.remove(slot)
+            if not admitted:
                 break
-            slot = free.pop(0)
-            row = loop.start(slot, request)
-            if row.record.finish_reason:  # done at its first token
-                row.record.finished_s = row.record.started_s + row.record.prefill_s
-                free.insert(0, slot)
-                yield request, row.record
-                continue
-            if slot == len(rows):
-                rows.append(row)
-            else:
+            for row in loop.start(admitted):
+                slot = row.record.slot
+                if row.record.finish_reason:  # done at its first token
+                    row.record.finished_s = row.record.started_s + row.record.prefill_s
+                    free.append(slot)
+                    yield row.request, row.record
+                    continue
+                while len(rows) <= slot:
+                    rows.append(None)
                 rows[slot] = row
+            free.sort()
         if free and rows:  # nothing left to refill: pack the live rows to the front
             free = _pack(loop)
         if not rows:
@@ -266,6 +288,27 @@ def decode_batch(
             row.record.decode_s = sum(row.record.step_times[1:])
             yield row.request, row.record
         free.sort()
+
+
+# The most mask entries (rows × prompt length × prompt length) one prefill forward builds: prompts beyond it
+# are prefilled in further forwards.
+PREFILL_MASK = 1 << 24
+
+
+def _runs(admitted: list[tuple[int, Request]]) -> list[list[tuple[int, Request]]]:
+    """Requests admitted together, grouped into runs of consecutive slots that read the same target layers,
+    each run's mask within :data:`PREFILL_MASK`."""
+    groups: list[list[tuple[int, Request]]] = []
+    for slot, request in sorted(admitted, key=lambda pair: pair[0]):
+        group = groups[-1] if groups else None
+        longest = max([len(request.prompt_ids)] + [len(r.prompt_ids) for _, r in group or []])
+        if (group and group[-1][0] + 1 == slot
+                and tuple(group[0][1].drafter.feature_layers) == tuple(request.drafter.feature_layers)
+                and (len(group) + 1) * longest * longest <= PREFILL_MASK):
+            group.append((slot, request))
+        else:
+            groups.append([(slot, request)])
+    return groups
 
 
 def _pack(loop: _Loop) -> list[int]:

@@ -181,6 +181,35 @@ class Target:
         cache.commit(slot, [list(range(len(prompt_ids)))])
         return logits
 
+    def prefill_rows(self, prompts: list[list[int]], cache: RowCache, lo: int, features: tuple[int, ...] = ()
+                     ) -> torch.Tensor:
+        """:meth:`prefill` of slots ``lo..lo + n`` in one forward (each prompt after what its slot holds, padded
+        to the longest, causal within itself): ``[n, vocab]``, the logits after each prompt's last token;
+        :attr:`row_features` holds each prompt's states ``{layer: [prompt_len, hidden]}``."""
+        if len(prompts) == 1:
+            logits = self.prefill(prompts[0], cache, features, slot=lo)
+            self.row_features = [self.features]
+            return logits[None]
+        n, sizes = len(prompts), [len(p) for p in prompts]
+        q = max(sizes)
+        ids = np.zeros((n, q), dtype=np.int64)
+        for r, p in enumerate(prompts):
+            ids[r, : sizes[r]] = p
+        lengths = np.asarray(cache.lengths[lo : lo + n], dtype=np.int64)
+        offsets = np.broadcast_to(np.arange(q), (n, q))
+        positions = upload(offsets + lengths[:, None], self.device)
+        j = torch.arange(q, device=self.device)
+        size = upload(sizes, self.device)
+        # causal among a prompt's own tokens; padding sees itself alone
+        vis = ((j[:, None] >= j[None, :])[None] & (j[None, None, :] < size[:, None, None])) | torch.eye(
+            q, dtype=torch.bool, device=self.device)[None]
+        mask = self._rows_mask(vis, offsets, lengths, positions)
+        last = upload([r * q + sizes[r] - 1 for r in range(n)], self.head_device)
+        logits = self._forward(upload(ids, self.device), positions, mask, cache, lo=lo, keep=last, features=features)
+        self.row_features = [{layer: h[r, : sizes[r]] for layer, h in self.features.items()} for r in range(n)]
+        cache.commit(lo, [list(range(k)) for k in sizes])
+        return logits
+
     def _mask(self, vis: np.ndarray, offsets: np.ndarray, past_len: int, positions: torch.Tensor | None = None):
         """The float mask ``[1, 1, q, past_len + q]``, built on the device: only the block's visibility
         (q × q) crosses from the host; the prefix columns are zeros made there. ``positions`` (the rows'
@@ -202,7 +231,7 @@ class Target:
         sliding = whole.masked_fill((q_pos[:, None] - k_pos[None, :] >= self.sliding_window)[None, None], neg)
         return {"full_attention": whole, "sliding_attention": sliding}
 
-    def _rows_mask(self, vis: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, positions: torch.Tensor):
+    def _rows_mask(self, vis, offsets: np.ndarray, lengths: np.ndarray, positions: torch.Tensor):
         """The float mask ``[n, 1, q, max(lengths) + q]`` of rows at their own lengths: row ``r`` sees its own
         ``lengths[r]`` committed entries and, of its block (written at ``lengths[r]``), what ``vis[r]`` allows;
         nothing of the columns past its block. Built on the device from the blocks' visibility and the lengths."""
@@ -213,7 +242,8 @@ class Target:
         col = torch.arange(span, device=self.device)
         rel = col[None, :] - lens[:, None]  # a column's place in the row's block ([n, span]; < 0: committed)
         at = rel.clamp(0, q - 1)
-        seen = upload(vis, self.device).gather(2, at[:, None, :].expand(n, q, span))
+        vis = vis if isinstance(vis, torch.Tensor) else upload(vis, self.device)
+        seen = vis.gather(2, at[:, None, :].expand(n, q, span))
         seen &= ((rel >= 0) & (rel < q))[:, None, :]
         seen |= (rel < 0)[:, None, :]
         whole = torch.zeros((n, 1, q, span), dtype=self.dtype, device=self.device).masked_fill_(~seen[:, None], neg)

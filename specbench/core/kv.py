@@ -7,8 +7,9 @@ capacity, head dim]``. A forward writes its block at each row's own length
 every row up to the longest one plus the block: what lies past a row's own
 length is hidden by the mask the core builds. Nothing is appended: a step
 writes in place, and the buffer grows by doubling when a block would not fit.
-Buffers start zeroed: a masked score still multiplies its value, and memory
-never written could hold a NaN that no mask hides.
+Entries are zeroed before any forward first reads that far (a masked score
+still multiplies its value, and memory never written could hold a NaN that no
+mask hides); the buffer itself is allocated without touching its pages.
 
 After acceptance, :meth:`RowCache.commit` keeps each row's root and accepted
 guesses: one gather and one scatter per device for every row and every layer,
@@ -85,6 +86,7 @@ class RowCache(Cache):
         self._count = per_device
         self.stores: dict[torch.device, torch.Tensor] = {}
         self.capacity = 0
+        self.touched = 0  # entries [0, touched) of every row are finite: zeroed, or written since
         self.rows = (0, slots)  # the slots of the forward running now (and of get_seq_length)
         self._block = 0
         self._offsets: list[int] | None = None
@@ -100,7 +102,13 @@ class RowCache(Cache):
         self.rows, self._block, self._index = (lo, hi), block, {}
         lengths = self.lengths[lo:hi]
         self._offsets = None if len(set(lengths)) == 1 else lengths
-        self.reserve(max(lengths) + block)
+        span = max(lengths) + block
+        self.reserve(span)
+        if span > self.touched:  # what this forward reads for the first time: zeroed in every row, 256 at once
+            reach = min(self.capacity, max(span, self.touched + 256))
+            for store in self.stores.values():
+                store[..., self.touched : reach, :].zero_()
+            self.touched = reach
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """The longest committed row among the active slots."""
@@ -113,8 +121,8 @@ class RowCache(Cache):
             return
         grown = max(need, min(2 * self.capacity, self.limit or 2 * self.capacity), 64)
         for device, store in self.stores.items():
-            bigger = store.new_zeros((*store.shape[:4], grown, store.shape[5]))
-            bigger[..., : self.capacity, :] = store
+            bigger = store.new_empty((*store.shape[:4], grown, store.shape[5]))
+            bigger[..., : self.touched, :] = store[..., : self.touched, :]
             self.stores[device] = bigger
         self.capacity = grown
 
@@ -146,8 +154,9 @@ class RowCache(Cache):
 
     def _allocate(self, device: torch.device, keys: torch.Tensor) -> torch.Tensor:
         _, heads, _, dim = keys.shape
-        store = torch.zeros((self._count[device], 2, self.slots, heads, self.capacity, dim),
+        store = torch.empty((self._count[device], 2, self.slots, heads, self.capacity, dim),
                             dtype=keys.dtype, device=keys.device)
+        store[..., : self.touched, :].zero_()
         self.stores[device] = store
         return store
 

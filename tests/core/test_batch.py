@@ -176,3 +176,36 @@ def test_sampling_at_batch_4_keeps_the_target_distribution():
 def test_a_batch_size_below_one_is_refused():
     with pytest.raises(ValueError, match="batch_size must be >= 1"):
         next(decode_batch(Target(build("llama")), lambda: None, batch_size=0))
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma3"])
+def test_prompts_prefilled_together_get_what_each_gets_alone(kind):
+    target = Target(build(kind))
+    cache = target.new_cache(4)
+    target.prefill(PROMPTS[0][:4], cache, slot=0)  # a row prefilled alone, decoded beside those prefilled together
+    logits = target.prefill_rows(PROMPTS[1:4], cache, 1, features=(1, -1))
+    assert logits.shape[0] == 3
+    states = target.row_features
+    for r, prompt in enumerate(PROMPTS[1:4]):
+        ref = target.new_cache()
+        torch.testing.assert_close(logits[r], target.prefill(prompt, ref, features=(1, -1)), atol=1e-5, rtol=1e-5)
+        for layer in (1, -1):
+            torch.testing.assert_close(states[r][layer], target.features[layer], atol=1e-5, rtol=1e-5)
+    assert cache.lengths == [4, *(len(p) for p in PROMPTS[1:4])]
+    nxt = target.forward_rows([7, 7, 7], [TREE, Draft(), CHAIN], cache)
+    for r, (prompt, draft) in enumerate([(PROMPTS[0][:4], TREE), (PROMPTS[1], Draft()), (PROMPTS[2], CHAIN)]):
+        ref = target.new_cache()
+        target.prefill(prompt, ref)
+        torch.testing.assert_close(nxt[r], target.forward_draft(7, draft, ref), atol=1e-5, rtol=1e-5)
+
+
+def test_admitted_requests_share_a_prefill_in_runs_of_consecutive_slots(monkeypatch):
+    from specbench.core import decode
+
+    def req(n):
+        return Request(list(range(n)), 4, Drafter(vocab_size=0))
+
+    a, b, c, d = req(3), req(5), req(4), req(2)
+    assert [[s for s, _ in g] for g in decode._runs([(3, d), (0, a), (1, b), (4, c)])] == [[0, 1], [3, 4]]
+    monkeypatch.setattr(decode, "PREFILL_MASK", 2 * 5 * 5)  # two prompts of 5 fit, three do not
+    assert [[s for s, _ in g] for g in decode._runs([(0, a), (1, b), (2, c)])] == [[0, 1], [2]]
