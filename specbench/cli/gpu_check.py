@@ -14,6 +14,7 @@ import time
 
 import torch
 
+from methods.registry import method_names
 from specbench.run.gpu_check import LONG_CONTEXT, run_checks
 from specbench.run.gpu_models import DTYPES, SHAPES
 
@@ -56,6 +57,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--long-context", type=int, default=LONG_CONTEXT, help="tokens of the long prompt's checks")
     ap.add_argument("--models", nargs="+", choices=tuple(SHAPES), help="only these shapes (default: both)")
     ap.add_argument("--dtypes", nargs="+", choices=tuple(DTYPES), help="only these dtypes (default: all three)")
+    ap.add_argument("--methods", nargs="+", choices=method_names(),
+                    help="only these methods beside the baseline (default: every one)")
     args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print(f"gpu-check: torch {torch.__version__} sees no CUDA device (built for CUDA {torch.version.cuda}): "
@@ -68,7 +71,9 @@ def main(argv: list[str] | None = None) -> None:
     result = run_checks(args.device, tiny=args.tiny, layers=args.layers, speed_layers=args.speed_layers,
                         new_tokens=args.tokens, long_context=args.long_context,
                         models=tuple(args.models) if args.models else None,
-                        dtypes=tuple(args.dtypes) if args.dtypes else None, progress=lambda s: print(f"gpu-check: {s}", file=sys.stderr))
+                        dtypes=tuple(args.dtypes) if args.dtypes else None,
+                        methods=tuple(args.methods) if args.methods else None,
+                        progress=lambda s: print(f"gpu-check: {s}", file=sys.stderr))
     print(render(result, _environment()))
     failed = [r for r in result["checks"] if not r[3]]
     print(f"\n{len(result['checks']) - len(failed)} of {len(result['checks'])} checks passed "

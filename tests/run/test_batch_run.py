@@ -74,7 +74,8 @@ def test_summaries_keep_batch_sizes_apart(tmp_path):
 
 def test_where_a_method_stops_paying():
     assert stops_paying([(1, "faster"), (2, "faster"), (4, "no measurable change"), (8, "slower")]) == \
-        "slower from B = 8"
+        "no measurable gain from B = 4, slower from B = 8"
+    assert stops_paying([(1, "faster"), (2, "slower"), (4, "no measurable change")]) == "slower from B = 2"
     assert stops_paying([(1, "faster"), (2, "no measurable change"), (4, "faster")]) == \
         "no measurable gain from B = 2"
     assert stops_paying([(1, "faster"), (16, "faster")]) == "pays up to B = 16"

@@ -21,18 +21,25 @@ def test_without_cuda_it_refuses_in_one_line(monkeypatch, capsys):
     assert exit_.value.code == 2 and err.count("\n") == 1 and "sees no CUDA device" in err
 
 
+# gpu-check's methods split between the CPU self-test and the simulated GPU below: each runs half of them,
+# every one runs in one of the two (and every method runs on simulated GPUs in tests/methods/test_simulated_gpus.py).
+SIM_METHODS = ("pld", "spectra", "token_recycling", "sps", "eagle", "medusa", "suffix", "lookahead_rest")
+CPU_METHODS = tuple(m for m in method_names() if m not in SIM_METHODS and m != "autoregressive")
+
+
 def test_every_check_runs_on_the_cpu_with_tiny_shapes(capsys):
     cli.main(["--device", "cpu", "--tiny", "--layers", "2", "--speed-layers", "2", "--tokens", "16",
-              "--long-context", "160", "--models", "llama2-7b"])  # llama3-8b: on a simulated GPU below
+              "--long-context", "160", "--models", "llama2-7b", "--methods", *CPU_METHODS])  # llama3-8b: below
     out = capsys.readouterr().out
     assert "FAILED" not in out and "checks passed" in out
     for check in ("tree", "compaction", "lossless", "fixed point", "device_map", "tree, 160 context",
                   "compaction, 160 context", "lossless, 160 context", "sampling T = 1", "budget=auto", "batch of 2",
                   "70B plan (meta)"):
         assert f"| {check} |" in out
-    assert out.count("| lossless | ") == 1 and f"{len(method_names())} methods equal autoregressive" in out
+    assert out.count("| lossless | ") == 1 and f"{len(CPU_METHODS) + 1} methods equal autoregressive" in out
     assert out.count("| fixed point | ") == 2 and "llama3-8b" not in out
-    assert all(f"| {m} |" in out for m in method_names())  # every method in the speed table
+    assert all(f"| {m} |" in out for m in ("autoregressive", *CPU_METHODS))  # in the speed table
+    assert not any(f"| {m} |" in out for m in SIM_METHODS)
     assert "cost curve, llama2-7b" in out
 
 
@@ -157,10 +164,6 @@ def test_the_70b_plan_fits_four_h100s_offloads_on_small_gpus_and_refuses_one_gpu
     assert sum(per_gpu) == 80
     small = gpu_scenarios.plan_70b(gpu_bytes=24 * 2**30, gpus=4)  # 96 GiB cannot hold 138 GB of weights
     assert not small[3] and "offloaded" in small[4]
-
-
-# A method of each kind (every method runs on simulated GPUs in tests/methods/test_simulated_gpus.py).
-SIM_METHODS = ("pld", "spectra", "token_recycling", "sps", "eagle", "medusa")
 
 
 def test_every_check_passes_on_a_simulated_gpu():
