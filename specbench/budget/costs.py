@@ -19,6 +19,14 @@ measured. Curves are cached per machine, software, model, dtype, attention
 implementation and placement (quantization, GPUs used, CUDA version) under
 ``$SPECBENCH_CACHE/costs/``; runs store the curve they used in their provenance.
 
+At batch size B > 1 (:func:`measure_batch`) a step is one forward of B rows, each
+padded to the longest block: t(q, context, B) is timed with every row a block of q
+tokens after ``context`` (``Target.forward_rows``, then every row compacted), for
+batch sizes 2, 4, … up to the run's, block sizes up to a total of
+:data:`BATCH_TOKENS` tokens a forward (the curve extends its last slope beyond). A
+batch size between two measured ones is interpolated linearly; the curves join the
+cached file as the runs ask for them.
+
 ``python -m specbench.costs`` prints the curve (:mod:`specbench.cli.costs`).
 """
 
@@ -28,7 +36,7 @@ import bisect
 import hashlib
 import json
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from time import perf_counter
 from typing import Any
@@ -41,6 +49,7 @@ QS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)  # block sizes timed: d
 CONTEXTS = (128, 1024)  # on a CPU; GPU_CONTEXTS on a GPU (MT-Bench's second turn reaches 2-3k tokens)
 GPU_CONTEXTS = (128, 1024, 2048, 4096)
 COST_DIR = "costs"
+BATCH_TOKENS = 1024  # most tokens (rows × block) a batched forward is timed with on a CPU; 4096 on a GPU
 MEASURE_VERSION = 4  # part of the cache key: a changed measurement invalidates cached curves
 
 
@@ -53,6 +62,7 @@ class CostModel:
     seconds: list[list[float]]
     device_name: str = ""
     key: str = ""
+    batches: dict[int, CostModel] = field(default_factory=dict)  # batch size (> 1): its curve, q per row
 
     def __post_init__(self) -> None:
         if not self.qs or not self.contexts or len(self.seconds) != len(self.contexts):
@@ -70,8 +80,12 @@ class CostModel:
         slope = (row[j + 1] - row[j]) / (qs[j + 1] - qs[j])
         return max(row[j] + slope * (q - qs[j]), 1e-9)
 
-    def __call__(self, q: float, context: float = 0) -> float:
-        """Estimated seconds of a forward of ``q`` tokens after ``context`` tokens."""
+    def __call__(self, q: float, context: float = 0, batch: int = 1) -> float:
+        """Estimated seconds of a forward of ``q`` tokens after ``context`` tokens; with ``batch`` rows, of
+        a block of ``q`` tokens in each row after a mean context of ``context`` (interpolated linearly between
+        the batch sizes measured, beyond the largest along the last two)."""
+        if batch > 1:
+            return self._batched(q, context, batch)
         cs = self.contexts
         if len(cs) == 1 or context <= cs[0]:
             return self._row(0, q)
@@ -79,17 +93,33 @@ class CostModel:
         w = (context - cs[i]) / (cs[i + 1] - cs[i])
         return max((1 - w) * self._row(i, q) + w * self._row(i + 1, q), 1e-9)
 
+    def _batched(self, q: float, context: float, batch: int) -> float:
+        if batch in self.batches:
+            return self.batches[batch](q, context)
+        sizes = sorted(self.batches)
+        if not sizes:
+            raise ValueError(f"cost model: no curve measured at batch size {batch} (measure_batch)")
+        points = [1, *sizes]
+        i = min(max(bisect.bisect_right(points, batch) - 1, 0), len(points) - 2)
+        lo, hi = points[i], points[i + 1]
+        t_lo, t_hi = self(q, context, lo), self(q, context, hi)
+        return max(t_lo + (t_hi - t_lo) * (batch - lo) / (hi - lo), 1e-9)
+
     def relative(self, context: float = 0) -> list[float]:
         """t(q) / t(1) at each measured q: the price of a block in single steps."""
         one = self(1, context)
         return [self(q, context) / one for q in self.qs]
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["batches"] = {str(b): m.to_dict() for b, m in sorted(self.batches.items())}
+        return out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CostModel:
-        return cls(**{k: d[k] for k in ("qs", "contexts", "seconds", "device_name", "key") if k in d})
+        batches = {int(b): cls.from_dict(m) for b, m in (d.get("batches") or {}).items()}
+        return cls(**{k: d[k] for k in ("qs", "contexts", "seconds", "device_name", "key") if k in d},
+                   batches=batches)
 
     @classmethod
     def flat(cls, seconds: float = 0.02, max_q: int = 128) -> CostModel:
@@ -102,6 +132,8 @@ class CostModel:
         for c, row in zip(self.contexts, self.seconds, strict=True):
             lines.append(f"{c:7d} " + " ".join(f"{1000 * s:6.1f}ms" for s in row))
             lines.append("  ×t(1) " + " ".join(f"{s / row[0]:7.2f}×" for s in row))
+        for b, m in sorted(self.batches.items()):  # then each batch size's, q tokens in every row
+            lines += ["", f"batch size {b} (q per row)", m.table()]
         return "\n".join(lines)
 
 
@@ -175,6 +207,65 @@ def measure(target: Any, vocab_size: int, *, qs=QS, contexts=None, repeats: int 
     return CostModel(list(qs), list(contexts), seconds, device_name=device_name(target.device))
 
 
+def batch_sizes(batch_size: int) -> list[int]:
+    """The batch sizes timed for a run at ``batch_size``: 2, 4, 8, … below it, and itself."""
+    sizes, b = [], 2
+    while b < batch_size:
+        sizes.append(b)
+        b *= 2
+    return sizes + ([batch_size] if batch_size > 1 else [])
+
+
+@torch.inference_mode()
+def measure_batch(target: Any, vocab_size: int, batch: int, *, qs=QS, contexts=None, repeats: int = 2,
+                  warmup: int = 1, seed: int = 0, progress: bool = False, context_length: int | None = None,
+                  most_tokens: int | None = None) -> CostModel:
+    """Time a batched verification (``forward_rows`` with a block of q tokens in each of ``batch`` rows, every
+    row after the same context, then every row compacted) for the block sizes whose total stays within
+    ``most_tokens`` (:data:`BATCH_TOKENS`, four times that on a GPU); larger blocks extend the last slope."""
+    from specbench.provenance import device_name
+
+    contexts = tuple(contexts) if contexts else contexts_for(target, context_length, qs)[:2]
+    most = most_tokens or (4 if target.is_cuda else 1) * BATCH_TOKENS
+    timed = [q for q in qs if q * batch <= most] or [qs[0]]
+    gen = torch.Generator().manual_seed(seed)
+    seconds: list[list[float]] = []
+    for ctx in contexts:
+        cache = target.new_cache(batch, limit=ctx + max(qs) + 1)
+        prompts = [torch.randint(0, vocab_size, (max(ctx, 1),), generator=gen).tolist() for _ in range(batch)]
+        for slot, prompt in enumerate(prompts):
+            target.prefill(prompt, cache, slot=slot)
+        past = cache.lengths[0]
+        row = []
+        for q in timed:
+            drafts = [_tree(q, vocab_size, gen)] * batch
+            keeps = [[0] + [1 + i for i in _path(q)]] * batch
+            times = []
+            for r in range(warmup + repeats):
+                target.sync()
+                t0 = perf_counter()
+                target.forward_rows([p[-1] for p in prompts], drafts, cache, 0)
+                cache.commit(0, keeps)
+                target.sync()
+                if r >= warmup:
+                    times.append(perf_counter() - t0)
+                cache.crop(past)
+            row.append(min(times))
+            if progress:
+                print(f"  batch {batch}, context {ctx}, q {q}: {1000 * row[-1]:.1f} ms", file=sys.stderr)
+        row = monotone(row)
+        seconds.append(row + _extend(timed, row, qs[len(timed):]))
+    return CostModel(list(qs), list(contexts), seconds, device_name=device_name(target.device))
+
+
+def _extend(qs: list[int], row: list[float], beyond) -> list[float]:
+    """``row`` (timed at ``qs``) carried on to the block sizes ``beyond`` along its last slope."""
+    if len(qs) < 2:
+        return [row[-1] * q / qs[-1] for q in beyond]
+    slope = (row[-1] - row[-2]) / (qs[-1] - qs[-2])
+    return [row[-1] + slope * (q - qs[-1]) for q in beyond]
+
+
 def cost_key(model_name: str, dtype: str, attn: str, device: Any, *, devices: list | None = None,
              quantization: str = "", device_map: str = "", linear: str = "plain") -> str:
     """Which machine, software, model and placement a curve belongs to: int8 on one GPU and fp16 over
@@ -197,31 +288,50 @@ def cost_path(key: str, model_name: str, dtype: str) -> Path:
 
 
 def load_or_measure(loaded: Any, model_name: str, dtype: str, attn: str, *, remeasure: bool = False,
-                    progress: bool = False, **measure_kw) -> CostModel:
-    """The cached curve for this machine and model, or a new measurement (saved for next time)."""
+                    progress: bool = False, batch_size: int = 1, **measure_kw) -> CostModel:
+    """The cached curve for this machine and model, or a new measurement (saved for next time); with
+    ``batch_size`` > 1, with the batch sizes :func:`batch_sizes` names (those missing are measured and added)."""
     from specbench.core.forward import Target
-    from specbench.paths import exclusive, private_tmp
+    from specbench.paths import exclusive
 
     target = Target(loaded.model)
     key = cost_key(model_name, dtype, attn, target.device, devices=target.devices,
                    quantization=getattr(loaded, "quantization", ""), device_map=getattr(loaded, "device_map", ""),
                    linear=getattr(loaded, "linear", "plain"))
     path = cost_path(key, model_name, dtype)
-    cached = None if remeasure else _read_curve(path)
+    wanted = batch_sizes(batch_size)
+
+    def ready() -> CostModel | None:
+        cached = None if remeasure else _read_curve(path)
+        return cached if cached is not None and all(b in cached.batches for b in wanted) else None
+
+    cached = ready()
     if cached is not None:
         return cached
     with exclusive(path):  # jobs of a sweep that start together: one measures, the others read its curve
-        cached = None if remeasure else _read_curve(path)
+        cached = ready()
         if cached is not None:
             return cached
         measure_kw.setdefault("context_length", getattr(loaded, "context_length", None))
-        model = measure(target, loaded.vocab_size, progress=progress, **measure_kw)
-        model.key = key
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = private_tmp(path)
-        tmp.write_text(json.dumps(model.to_dict(), indent=1))
-        tmp.replace(path)
+        model = None if remeasure else _read_curve(path)
+        if model is None:
+            model = measure(target, loaded.vocab_size, progress=progress, **measure_kw)
+            model.key = key
+        for b in wanted:
+            if b not in model.batches:
+                model.batches[b] = measure_batch(target, loaded.vocab_size, b, progress=progress, **{
+                    k: v for k, v in measure_kw.items() if k in ("qs", "contexts", "context_length", "seed")})
+        _write_curve(path, model)
     return model
+
+
+def _write_curve(path: Path, model: CostModel) -> None:
+    from specbench.paths import private_tmp
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = private_tmp(path)
+    tmp.write_text(json.dumps(model.to_dict(), indent=1))
+    tmp.replace(path)
 
 
 def _read_curve(path: Path) -> CostModel | None:

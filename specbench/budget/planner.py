@@ -265,8 +265,19 @@ class AutoBudget:
         self.aux_steps = 0
         self._aux_tokens = self._aux_seconds = 0.0  # running means over the steps that sent aux nodes
 
+    def spawn(self) -> AutoBudget:
+        """A planner for another request decoded beside this one: its own aux state, the same statistics
+        and cost curve (a batch's rows learn acceptance together)."""
+        return AutoBudget(self.cost, self.aux_feeds, self.explore_every, stats=self.stats, warm=self.warm)
+
     def plan(self, draft: Draft, tokens: list[int]) -> Draft:
         """The part of ``draft`` to verify after ``tokens`` (the sequence so far, its root last)."""
+        width, keep, _ = self.choose(draft, tokens)
+        return self.settle(draft, tokens, width, keep)
+
+    def choose(self, draft: Draft, tokens: list[int]) -> tuple[int, list[int], list[float]]:
+        """This step's pool width, the guesses to keep and the scores they were chosen by (what the sources
+        bring without their aux nodes when none are sent); :meth:`settle` closes the step."""
         self.steps += 1
         self._resolve(tokens)
         self.proposed.append(len(draft))
@@ -291,10 +302,15 @@ class AutoBudget:
                     if self.explore_every and self.skipped_aux >= self.next_explore and room:
                         self.skipped_aux, self.next_explore = 0, 2 * self.next_explore  # explore: send them
                     else:
-                        width, keep = 0, dry_keep  # what was learned still drafts
+                        width, keep, scores = 0, dry_keep, dry  # what was learned still drafts
             else:
                 self.next_explore = self.explore_every
         self._rate_without = rate_without if full and width else 0.0
+        return width, keep, scores
+
+    def settle(self, draft: Draft, tokens: list[int], width: int, keep: list[int]) -> Draft:
+        """The step verifies ``draft``'s guesses ``keep`` (parents first) and its first ``width`` aux columns."""
+        full = draft.aux_width
         if len(draft):
             self._pending.append((draft, len(tokens), () if width or not full else self.aux_feeds))
         self.kept.append(len(keep))

@@ -3,6 +3,7 @@
     python -m specbench.costs                        # SmolLM2, its config's dtype, measured or cached
     python -m specbench.costs model.dtype=bfloat16 --remeasure
     python -m specbench.costs hardware.linear=plain  # PyTorch's own linear layers (default on a CPU: packed)
+    python -m specbench.costs --batch-size 8         # and t(q, context) of batches of 2, 4 and 8 rows
 
 On a CPU it also prints the floor: the weights' bytes over the measured memory read bandwidth.
 """
@@ -23,7 +24,10 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m specbench.costs", description="What one verification forward costs on this machine: t(q, context).")
     ap.add_argument("overrides", nargs="*", help="model=<name>, model.dtype=..., hardware=<name>, hardware.x=...")
     ap.add_argument("--remeasure", action="store_true", help="measure even when a cached curve exists")
+    ap.add_argument("--batch-size", type=int, default=1, help="also measure batches of 2, 4, … up to this many rows")
     args = ap.parse_args(argv)
+    if args.batch_size < 1:
+        ap.error(f"--batch-size must be >= 1, got {args.batch_size}")
     with one_line_errors():
         picks = {"model": "smollm2-135m", "hardware": "cpu"}
         dotted = []
@@ -35,7 +39,8 @@ def main(argv: list[str] | None = None) -> None:
         loaded = load_model(cfg.model, cfg.hardware)
         dtype = str(cfg.model.get("dtype", "float32"))
         attn = str(cfg.hardware.get("attn_implementation", "sdpa"))
-        model = load_or_measure(loaded, str(cfg.model.name), dtype, attn, remeasure=args.remeasure, progress=True)
+        model = load_or_measure(loaded, str(cfg.model.name), dtype, attn, remeasure=args.remeasure, progress=True,
+                                batch_size=args.batch_size)
     linear = f", {loaded.linear} linear layers" if loaded.device.type == "cpu" else ""
     print(f"{cfg.model.name} ({dtype}, {attn}{linear}) on {model.device_name}")
     print(model.table())

@@ -22,6 +22,10 @@ from specbench.core.record import GenerationRecord
 
 _EMPTY = Draft()
 
+# Plans every row's draft of a batched step together (``budget=auto`` at batch size > 1): the rows' planners,
+# their proposed drafts and their tokens so far (root last) in, the drafts to verify out.
+PlanRows = Callable[[list[Planner], list[Draft], list[list[int]]], list[Draft]]
+
 
 @dataclass
 class Request:
@@ -105,8 +109,8 @@ class _Loop:
     """The rows decoding now (slot ``i`` holds ``rows[i]``) and what every step shares."""
 
     def __init__(self, target: Target, batch_size: int, sampling: SamplingParams, eos: set[int],
-                 limit: int | None, clock: float | None) -> None:
-        self.target, self.sampling, self.eos = target, sampling, eos
+                 limit: int | None, clock: float | None, plan_rows: PlanRows | None = None) -> None:
+        self.target, self.sampling, self.eos, self.plan_rows = target, sampling, eos, plan_rows
         self.cache = target.new_cache(batch_size, limit)
         self.rows: list[_Row | None] = []
         self.clock = perf_counter() if clock is None else clock
@@ -157,9 +161,21 @@ class _Loop:
             draft = _EMPTY
         elif draft is not _EMPTY:
             _check(draft, row.name, row.step)
-        if request.planner is not None:
+        if request.planner is not None and self.plan_rows is None:
             draft = request.planner.plan(draft, row.seq)
         row.draft, row.draft_s = draft, perf_counter() - start
+
+    def plan(self, rows: list[_Row]) -> None:
+        """The rows' drafts planned together; the planning time shared among them."""
+        planned = [row for row in rows if row.request.planner is not None]
+        if self.plan_rows is None or not planned:
+            return
+        start = perf_counter()
+        drafts = self.plan_rows([row.request.planner for row in planned], [row.draft for row in planned],
+                                [row.seq for row in planned])
+        share = (perf_counter() - start) / len(planned)
+        for row, draft in zip(planned, drafts, strict=True):
+            row.draft, row.draft_s = draft, row.draft_s + share
 
     def step(self) -> None:
         """One step of every row: propose, one forward for all, accept, compact, update, record."""
@@ -168,6 +184,7 @@ class _Loop:
         start = perf_counter()
         for row in rows:
             self.propose(row)
+        self.plan(rows)
         target.sync()  # a draft model's kernels count as draft time, not forward time
         proposed = perf_counter()
         layers = rows[0].layers if len({row.layers for row in rows}) == 1 else None
@@ -243,15 +260,17 @@ def decode_batch(
     eos_token_ids: list[int] | tuple[int, ...] = (),
     limit: int | None = None,
     clock: float | None = None,
+    plan_rows: PlanRows | None = None,
 ) -> Iterator[tuple[Request, GenerationRecord]]:
     """Decode the requests ``next_request`` hands out (None: none ready), up to ``batch_size`` at once, and
     yield each with its record as it finishes. A slot that frees takes the next request at once, so the
     caller may queue a request that depends on a finished one (a conversation's next turn) when it is
     yielded. ``limit``: the most cache entries a row will need, if known; ``clock``: the ``perf_counter``
-    time the records' ``started_s`` and ``finished_s`` count from (default: now)."""
+    time the records' ``started_s`` and ``finished_s`` count from (default: now); ``plan_rows``: plans the
+    rows' drafts together (``budget=auto``), instead of each request's planner alone."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    loop = _Loop(target, batch_size, sampling or SamplingParams(), set(eos_token_ids), limit, clock)
+    loop = _Loop(target, batch_size, sampling or SamplingParams(), set(eos_token_ids), limit, clock, plan_rows)
     rows = loop.rows
     free = list(range(batch_size))
     while True:

@@ -5,7 +5,8 @@ finishes, its row is written at once and the slot takes the next request: the sa
 (built on the answer just written) or the next sample. A sample keeps one drafter for all of its turns
 (``memory: sample`` keeps its meaning); drafters are spawned from the method's own as samples run side by
 side, and handed to the next sample when one ends, so ``memory: run`` is kept per drafter rather than over the
-whole run. Each request samples from its own stream (the same as at batch size 1), and a re-run resumes: a
+whole run. Under ``budget=auto`` each sample has its own planner too (their acceptance statistics shared),
+and one step's block is planned for every row (:mod:`specbench.budget.batch`). Each request samples from its own stream (the same as at batch size 1), and a re-run resumes: a
 recorded turn is not decoded again, its text feeds the next turn.
 """
 
@@ -27,22 +28,26 @@ class _Sample:
     turn: int = 0
     answers: list[str] = field(default_factory=list)
     drafter: Drafter | None = None
+    planner: Any = None
 
 
 class _Pool:
-    """Drafters of one method for the samples decoding side by side."""
+    """Drafters (or ``budget=auto`` planners) of one method for the samples decoding side by side."""
 
-    def __init__(self, first: Drafter) -> None:
-        self.first, self.idle, self.made = first, [first], 1
+    def __init__(self, first: Any) -> None:
+        self.first, self.idle, self.made = first, [first] if first is not None else [], 1
 
-    def take(self) -> Drafter:
+    def take(self) -> Any:
+        if self.first is None:
+            return None
         if not self.idle:
             self.idle.append(self.first.spawn())
             self.made += 1
         return self.idle.pop()
 
-    def give(self, drafter: Drafter) -> None:
-        self.idle.append(drafter)
+    def give(self, item: Any) -> None:
+        if item is not None:
+            self.idle.append(item)
 
 
 def warm_up(m: Any, name: str, prompt: list[int], tokens: int) -> None:
@@ -57,7 +62,7 @@ def warm_up(m: Any, name: str, prompt: list[int], tokens: int) -> None:
 def measure(m: Any, name: str, samples: list[datasets_.Sample], repeat: int, bar: Any, done: set) -> None:
     """Every turn of every sample with method ``name``, ``batch_size`` at a time (``m``: the job's
     :class:`specbench.run.runner.Measurement`)."""
-    pool = _Pool(m.drafters[name])
+    pool, planners = _Pool(m.drafters[name]), _Pool(m.budgets.get(name))
     waiting = iter(samples)
     ready: deque[Request] = deque()
 
@@ -72,13 +77,14 @@ def measure(m: Any, name: str, samples: list[datasets_.Sample], repeat: int, bar
                 state.turn += 1
                 continue
             if state.drafter is None:
-                state.drafter = pool.take()
+                state.drafter, state.planner = pool.take(), planners.take()
                 state.drafter.begin_sample()
             return Request(ids, m.max_new(ids), state.drafter, m.generator(sample.sample_id, state.turn, repeat),
-                           tag=state)
+                           planner=state.planner, tag=state)
         if state.drafter is not None:
             pool.give(state.drafter)
-            state.drafter = None
+            planners.give(state.planner)
+            state.drafter = state.planner = None
         return None
 
     def next_request() -> Request | None:
@@ -95,7 +101,8 @@ def measure(m: Any, name: str, samples: list[datasets_.Sample], repeat: int, bar
     tokens = 0
     for request, rec in decode_batch(m.target, next_request, batch_size=m.job.batch_size, sampling=m.job.sampling,
                                      eos_token_ids=m.loaded.eos_token_ids, clock=clock,
-                                     limit=m.loaded.context_length):
+                                     limit=m.loaded.context_length,
+                                     plan_rows=m.plan_rows if name in m.budgets else None):
         state: _Sample = request.tag
         state.answers.append(m.write(name, state.sample, state.turn, repeat, rec, m.target.peak_memory_gb()))
         state.turn += 1

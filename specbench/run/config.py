@@ -277,7 +277,7 @@ def batch_size(cfg: DictConfig) -> int:
 
 
 def _check_batch(cfg: DictConfig) -> None:
-    """Refuse settings a batch cannot run before any work: a method that cannot batch, a batch-1 budget."""
+    """Refuse settings a batch cannot run before any work: a method that cannot batch, flash attention."""
     from methods.registry import get_method, method_names
 
     size = batch_size(cfg)
@@ -287,9 +287,6 @@ def _check_batch(cfg: DictConfig) -> None:
     if not cls.batchable:
         can = ", ".join(n for n in method_names() if get_method(n).batchable)
         raise ConfigError(f"method {cfg.method.name} cannot decode a batch yet: use batch_size=1, or one of {can}")
-    if effective_budget(cfg) == "auto":
-        raise ConfigError(f"budget=auto prices a step at batch size 1 and cannot plan a batch of {size} yet: "
-                          "use budget=fixed with batch_size > 1")
     if cfg.hardware.get("attn_implementation") == "flash_attention_2":
         raise ConfigError("a batch's rows sit at their own lengths, which needs a 4-D attention mask that "
                           "flash_attention_2 cannot take: use hardware.attn_implementation=sdpa with batch_size > 1")

@@ -126,7 +126,8 @@ class Measurement:
             from specbench.budget.costs import load_or_measure
 
             self.cost = load_or_measure(loaded, loaded.name, loaded.dtype,
-                                        str(job.hardware.get("attn_implementation", "")), progress=job.progress)
+                                        str(job.hardware.get("attn_implementation", "")), progress=job.progress,
+                                        batch_size=job.batch_size)
         curve = json.dumps(self.cost.to_dict()) if self.cost is not None else ""
         own = {name: name == job.method for name in job.methods}
         self.columns = {name: {"budget": "auto" if job.auto and own[name] else "fixed",
@@ -147,12 +148,19 @@ class Measurement:
         self.budgets = self._new_budgets()
 
     def _new_budgets(self) -> dict[str, Any]:
-        """budget=auto: one trimmer for the method (the baseline drafts nothing), fresh statistics."""
+        """budget=auto: one trimmer for the method (the baseline drafts nothing), fresh statistics; at batch
+        size > 1 the first request's, the step planned for all rows by :attr:`plan_rows`."""
+        self.plan_rows = None
         if not self.job.auto:
             return {}
+        from specbench.budget.batch import BatchBudget
         from specbench.budget.planner import AutoBudget
 
-        return {self.job.method: AutoBudget(self.cost, aux_feeds=get_method(self.job.method).AUX_FEEDS)}
+        feeds = get_method(self.job.method).AUX_FEEDS
+        if self.job.batch_size == 1:
+            return {self.job.method: AutoBudget(self.cost, aux_feeds=feeds)}
+        self.plan_rows = BatchBudget(self.cost, aux_feeds=feeds)
+        return {self.job.method: self.plan_rows.planner()}
 
     def generate(self, name: str, ids: list[int], max_new: int, generator: torch.Generator) -> Any:
         return generate(self.target, self.drafters[name], ids, max_new_tokens=max_new,

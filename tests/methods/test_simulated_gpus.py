@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from methods.registry import build_method_config, get_method
+from specbench.budget.batch import BatchBudget
 from specbench.budget.costs import CostModel
 from specbench.budget.planner import AutoBudget
 from specbench.core.acceptance import SamplingParams
@@ -37,6 +38,10 @@ VOCAB = 128
 TOKENS = 16
 # A GPU's cost curve at batch 1, flat: budget=auto plans every step and keeps whole trees and pools.
 GPU_CURVE = CostModel.flat()
+# At batch 4 a block of 16 tokens a row costs a fifth more than one, 128 four times as much: the batched
+# planner keeps part of the larger trees and pools and trims the rest.
+GPU_BATCH_CURVE = CostModel([1, 128], [0], [[0.02, 0.02]],
+                            batches={4: CostModel([1, 16, 128], [0], [[0.02, 0.024, 0.08]])})
 NEEDS_STORE = {"rest", "spectra_retrieval", "spectra", "lookahead_rest"}
 FEATURE_HEADS = {"eagle": "eagle", "eagle3": "eagle3", "medusa": "medusa", "sam_decoding-eagle": "eagle"}
 DRAFT_MODEL = {"sps", "specdec_pp"}
@@ -246,12 +251,14 @@ def test_each_gpu_receives_a_steps_mask_and_rotary_once_not_once_per_layer(gpus,
         assert 0 < worst <= per_boundary * (gpus - 1) + 1, (case, worst)
 
 
-def batch_requests(lm, make, lengths=(14, 6, 11, 3, 16)):
-    """Requests of mixed prompt and answer lengths, each with a drafter spawned from the method's first."""
+def batch_requests(lm, make, lengths=(14, 6, 11, 3, 16), planner=None):
+    """Requests of mixed prompt and answer lengths, each with a drafter spawned from the method's first (and a
+    planner spawned from ``planner``'s, if given)."""
     base = prompt(lm)
     first = make()
     cuts = [len(base), len(base) - 7, len(base) - 3, len(base) - 11, len(base) - 5]
-    return [Request(base[:cut], n, first if i == 0 else first.spawn(), tag=i)
+    return [Request(base[:cut], n, first if i == 0 else first.spawn(), tag=i,
+                    planner=None if planner is None else planner if i == 0 else planner.spawn())
             for i, (cut, n) in enumerate(zip(cuts, lengths, strict=True))]
 
 
@@ -269,7 +276,8 @@ BATCHES = [pytest.param(2, 0, marks=pytest.mark.slow), (4, 2), pytest.param(8, 0
 def test_every_method_decoded_in_a_batch_gives_each_request_its_autoregressive_output(case, batch_size, gpus,
                                                                                       models, store, heads, saved):
     """Greedy, fp32: requests decoded together (rows at their own lengths, finished slots refilled) yield
-    token for token what each yields alone with plain decoding."""
+    token for token what each yields alone with plain decoding; on the simulated GPUs under budget=auto (each
+    step's block planned for all rows)."""
     sampling = SamplingParams()
     if not _AR_BATCH:
         for req in batch_requests(models[0], lambda: Drafter(vocab_size=0)):
@@ -277,11 +285,13 @@ def test_every_method_decoded_in_a_batch_gives_each_request_its_autoregressive_o
                                           max_new_tokens=req.max_new_tokens).output_ids
     lm = models[gpus]
     with simulated_gpus(gpus, free_memory(saved[1], gpus)) if gpus else contextlib.nullcontext():
-        make, _ = maker(case, lm.model, sampling, store, heads)
-        queue = batch_requests(lm, make)[::-1]
+        make, cls = maker(case, lm.model, sampling, store, heads)
+        budget = BatchBudget(GPU_BATCH_CURVE, aux_feeds=cls.AUX_FEEDS, warm=0) if gpus else None
+        queue = batch_requests(lm, make, planner=budget.planner() if budget else None)[::-1]
         got = {req.tag: rec for req, rec in decode_batch(Target(lm.model), lambda: queue.pop() if queue else None,
-                                                         batch_size=batch_size)}
+                                                         batch_size=batch_size, plan_rows=budget)}
     assert {tag: rec.output_ids for tag, rec in got.items()} == _AR_BATCH
+    assert budget is None or any(b == batch_size for b, _ in budget.blocks)
     assert len({rec.slot for rec in got.values()}) == min(batch_size, len(got))
 
 

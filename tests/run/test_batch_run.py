@@ -114,7 +114,6 @@ class OneAtATime(Drafter):
     (["batch_size=0"], "batch_size must be a positive number"),
     (["batch_size=two"], "batch_size must be a positive number"),
     (["batch_size=9", "limit=3", "method=pld"], "batch_size=9 is more than the 3 samples selected"),
-    (["batch_size=2", "method=spectra_core-cpu"], "budget=auto prices a step at batch size 1"),
     (["batch_size=2", "method=autoregressive", "method.name=test_one_at_a_time"], "cannot decode a batch yet"),
     (["batch_size=2", "method=pld", "hardware.attn_implementation=flash_attention_2"], "flash_attention_2"),
 ])
