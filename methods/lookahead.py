@@ -59,6 +59,7 @@ class Lookahead(ScopedMemory, Drafter):
     name = "lookahead"
     Config = LookaheadConfig
     AUX_FEEDS = (SOURCE_POOL,)  # the Jacobi window harvests the pool's n-grams
+    RUN_STATE = ("engine.pool",)  # memory: run, at batch size > 1: one n-gram pool for every request
 
     def __init__(self, config: LookaheadConfig | None = None, **kwargs) -> None:
         super().__init__(config, **kwargs)

@@ -80,6 +80,7 @@ class LookaheadRest(ScopedMemory, StoreDrafter):
     name = "lookahead_rest"
     Config = LookaheadRestConfig
     AUX_FEEDS = (SOURCE_POOL,)
+    RUN_STATE = ("engine.pool",)
 
     def __init__(self, config: LookaheadRestConfig | None = None, **kwargs) -> None:
         super().__init__(config, **kwargs)

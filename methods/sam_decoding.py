@@ -33,6 +33,7 @@ Reading choices:
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Any
@@ -48,6 +49,7 @@ from specbench.core.draft import (
     VerifyResult,
     check_memory,
 )
+from specbench.core.memory import share
 from specbench.drafting.automaton import SuffixAutomaton
 from specbench.drafting.eagle_drafter import (
     EagleSettings,
@@ -110,6 +112,7 @@ def corpus_automaton(documents, max_tokens: int) -> SuffixAutomaton:
 class SAMDecoding(ScopedMemory, Drafter):
     name = "sam_decoding"
     Config = SAMDecodingConfig
+    RUN_STATE = ("recycler.matrix",)  # memory: run, at batch size > 1: one candidate matrix for every request
 
     @classmethod
     def preflight(cls, config: SAMDecodingConfig, run_cfg: Any) -> None:
@@ -138,6 +141,18 @@ class SAMDecoding(ScopedMemory, Drafter):
             self.feature_layers = self.eagle.feature_layers
 
     matrix = property(lambda self: self.recycler.matrix)  # for inspection
+
+    def spawn(self) -> SAMDecoding:
+        """Another request's drafter: the static automaton's structure and the EAGLE head shared, its own match,
+        dynamic automaton, recycler root (and, under ``memory: run``, the shared candidate matrix)."""
+        twin = copy.copy(self)
+        twin.static = copy.copy(self.static)  # the built automaton is read only; the match is per request
+        twin.recycler = Recycler(self.vocab_size, self.config.topk, self.config.tree)
+        twin.dynamic = SuffixAutomaton()
+        twin.eagle = self.eagle.spawn() if self.eagle is not None else None
+        if self.config.memory == "run":
+            share(self, twin, self.RUN_STATE)
+        return twin
 
     def provenance(self) -> dict:
         return {**self.store_columns, **(self.eagle.provenance() if self.eagle is not None else {})}

@@ -63,6 +63,7 @@ class Spectra(ScopedMemory, StoreDrafter):
     name = "spectra"
     Config = SpectraConfig
     AUX_FEEDS = (SOURCE_FWD, SOURCE_BWD)
+    RUN_STATE = ("engine.dicts",)
 
     def __init__(self, config: SpectraConfig | None = None, **kwargs) -> None:
         super().__init__(config, **kwargs)

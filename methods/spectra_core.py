@@ -85,6 +85,7 @@ class SpectraCore(ScopedMemory, Drafter):
     name = "spectra_core"
     Config = SpectraCoreConfig
     AUX_FEEDS = (SOURCE_FWD, SOURCE_BWD)  # the candidate pool fills both dictionaries
+    RUN_STATE = ("engine.dicts", "dicts")  # memory: run, at batch size > 1: one pair for every request
 
     def __init__(self, config: SpectraCoreConfig | None = None, **kwargs) -> None:
         super().__init__(config, **kwargs)

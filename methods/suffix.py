@@ -66,6 +66,7 @@ class SuffixConfig:
 class SuffixDecoding(ScopedMemory, Drafter):
     name = "suffix"
     Config = SuffixConfig
+    RUN_STATE = ("global_trie",)  # memory: run, at batch size > 1: one global tree for every request
 
     def __init__(self, config: SuffixConfig | None = None, **kwargs) -> None:
         super().__init__(config, **kwargs)
@@ -77,7 +78,7 @@ class SuffixDecoding(ScopedMemory, Drafter):
         self.prompt_len = 0
 
     def forget(self) -> None:
-        self.global_trie = SuffixTrie(self.config.max_depth)
+        self.global_trie.clear()
 
     def start(self, prompt_ids: list[int]) -> None:
         self.local = SuffixTrie(self.config.max_depth)

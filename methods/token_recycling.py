@@ -53,6 +53,7 @@ class TokenRecyclingConfig:
 class TokenRecycling(ScopedMemory, Drafter):
     name = "token_recycling"
     Config = TokenRecyclingConfig
+    RUN_STATE = ("recycler.matrix",)  # memory: run, at batch size > 1: one matrix for every request
 
     def __init__(self, config: TokenRecyclingConfig | None = None, **kwargs) -> None:
         super().__init__(config, **kwargs)

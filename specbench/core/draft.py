@@ -32,6 +32,8 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 import torch
 
+from specbench.core.memory import MEMORY_SCOPES, ScopedMemory, check_memory  # noqa: F401  (re-exported)
+
 # Well-known draft sources, for acceptance-by-source statistics.
 SOURCE_PROMPT = "prompt"  # copied from prompt + output (prompt lookup)
 SOURCE_NGRAM = "ngram"  # an n-gram table (ANPD)
@@ -49,36 +51,6 @@ SOURCE_LABELS = {
     SOURCE_BWD: "backward dict", SOURCE_RETRIEVAL: "retrieval", SOURCE_MODEL: "draft model",
     SOURCE_RECYCLE: "recycled candidates", SOURCE_HISTORY: "earlier outputs", SOURCE_HEAD: "trained head",
 }
-
-# How long what a drafter learns is kept (a method's ``memory`` setting): one generation (a turn),
-# every turn of a sample, or the whole run. See Drafter.begin_sample and Drafter.reset.
-MEMORY_SCOPES = ("turn", "sample", "run")
-
-
-def check_memory(method: str, memory: str) -> None:
-    if memory not in MEMORY_SCOPES:
-        raise ValueError(f"{method}: memory must be one of {', '.join(MEMORY_SCOPES)}, got '{memory}'")
-
-
-class ScopedMemory:
-    """Mixin for drafters whose learned state can outlive a generation. It is kept for
-    ``self.config.memory`` (:data:`MEMORY_SCOPES`); the drafter defines :meth:`forget`, and
-    :meth:`Drafter.new_turn` calls :meth:`begin_turn` before each generation."""
-
-    def forget(self) -> None:  # abstract hook: each drafter clears its own learned state
-        raise NotImplementedError
-
-    def reset(self) -> None:
-        self.forget()
-
-    def begin_sample(self) -> None:
-        if self.config.memory != "run":
-            self.forget()
-
-    def begin_turn(self) -> None:
-        if self.config.memory == "turn":
-            self.forget()
-
 
 @dataclass
 class Draft:

@@ -98,6 +98,9 @@ class NgramPool:
     def get(self, key: int) -> list[tuple[int, ...]]:
         return list(self.table.get(key, ()))
 
+    def clear(self) -> None:
+        self.table.clear()
+
     def __len__(self) -> int:
         return sum(len(v) for v in self.table.values())
 
@@ -123,8 +126,8 @@ class LookaheadEngine:
         self.indexed = 0  # tokens whose n-grams (ending there) are in the pool (pool_from_prompt)
 
     def forget(self) -> None:
-        """Empty the n-gram pool (what the engine learns)."""
-        self.pool = NgramPool(self.guesses)
+        """Empty the n-gram pool (what the engine learns), in place: engines may share it (``memory: run``)."""
+        self.pool.clear()
 
     def start(self, prompt_ids: list[int], keep: bool = False) -> None:
         """A new generation: level 0 drawn from the prompt (seeded), an empty pool unless ``keep``."""

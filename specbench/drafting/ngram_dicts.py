@@ -62,19 +62,18 @@ class NgramDicts:
         self.n, self.cap, self.sub_ngrams = n, cap, sub_ngrams
         self.fwd: dict[int, list[tuple[int, ...]]] = {}
         self.bwd: dict[tuple[int, ...], int] = {}
-        self.new_keys: list[int] = []  # keys S_fwd gained since the consumer last cleared this
+        self.keys_added: list[int] = []  # every key S_fwd gained, in order (never cut): each reader keeps its place
 
     def clear(self) -> None:
         self.fwd.clear()
-        self.bwd.clear()
-        self.new_keys.clear()
+        self.bwd.clear()  # keys_added stays: a reader's place in it stays right
 
     def push_fwd(self, key: int, cont: tuple[int, ...]) -> None:
         """Insert one continuation of ``key`` (prefix-free, most recent first, at most ``cap``)."""
         entries = self.fwd.get(key)
         if entries is None:
             self.fwd[key] = [cont]
-            self.new_keys.append(key)
+            self.keys_added.append(key)
             return
         ls = len(cont)
         for i, e in enumerate(entries):

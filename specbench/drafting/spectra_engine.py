@@ -88,6 +88,7 @@ class SpectraCoreEngine:
         self.pool = CandidatePool(s.pool_size, s.ngram_size)
         self.rng = random.Random(seed)
         self._learned = 0  # context tokens already inserted as window ends (context_ngrams)
+        self._keys_seen = 0  # the keys of dicts.keys_added the pool already avoids
 
     def forget(self) -> None:
         """Empty the dictionaries (what the engine learns)."""
@@ -101,7 +102,7 @@ class SpectraCoreEngine:
         self.rng = random.Random(self.seed)
         self.pool.reset(prompt_ids, self.rng)
         self.pool.exclude(list(self.dicts.fwd))
-        self.dicts.new_keys.clear()
+        self._keys_seen = len(self.dicts.keys_added)
         self._learned = 0
         if self.settings.context_ngrams is True:
             self.learn_context(prompt_ids)
@@ -165,6 +166,8 @@ class SpectraCoreEngine:
         self._sync_keys()
 
     def _sync_keys(self) -> None:
-        """The key readings avoid the keys of S_fwd: pass on the ones added since last time."""
-        self.pool.exclude(self.dicts.new_keys)
-        self.dicts.new_keys.clear()
+        """The key readings avoid the keys of S_fwd: pass on the ones added since last time (by this engine
+        or, under ``memory: run`` at batch size > 1, by another request's sharing the dictionaries)."""
+        added = self.dicts.keys_added
+        self.pool.exclude(added[self._keys_seen :])
+        self._keys_seen = len(added)

@@ -54,6 +54,10 @@ class SuffixTrie:
         self.more: dict[int, dict[int, int]] = {}  # node -> {token: child} once it has two children
         self.open: list[list[int]] = []  # per sequence: nodes of its suffixes still shorter than max_depth
 
+    def clear(self) -> None:
+        """Forget every sequence (in place: drafters may share the trie)."""
+        self.__init__(self.max_depth)
+
     @property
     def n_nodes(self) -> int:
         return len(self.count)

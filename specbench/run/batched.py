@@ -4,10 +4,11 @@ Continuous batching (:func:`specbench.core.decode.decode_batch`): samples enter 
 finishes, its row is written at once and the slot takes the next request: the same sample's next turn
 (built on the answer just written) or the next sample. A sample keeps one drafter for all of its turns
 (``memory: sample`` keeps its meaning); drafters are spawned from the method's own as samples run side by
-side, and handed to the next sample when one ends, so ``memory: run`` is kept per drafter rather than over the
-whole run. Under ``budget=auto`` each sample has its own planner too (their acceptance statistics shared),
-and one step's block is planned for every row (:mod:`specbench.budget.batch`). Each request samples from its own stream (the same as at batch size 1), and a re-run resumes: a
-recorded turn is not decoded again, its text feeds the next turn.
+side, and handed to the next sample when one ends; under ``memory: run`` they share what the run keeps
+(:mod:`specbench.core.memory`). Under ``budget=auto`` each sample has its own planner too (their acceptance
+statistics shared), and one step's block is planned for every row (:mod:`specbench.budget.batch`). Each
+request samples from its own stream (the same as at batch size 1), and a re-run resumes: a recorded turn is
+not decoded again, its text feeds the next turn.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from specbench.budget.costs import CostModel
 from specbench.budget.planner import AutoBudget
 from specbench.core.acceptance import SamplingParams
 from specbench.core.decode import Request, decode_batch, generate
-from specbench.core.draft import Drafter, DrafterContext
+from specbench.core.draft import Drafter, DrafterContext, ScopedMemory
 from specbench.core.forward import Target
 from specbench.drafting.eagle_drafter import random_head
 from specbench.models import load_model
@@ -122,9 +122,8 @@ def prompt(lm) -> list[int]:
                                             return_dict=False)
 
 
-def maker(case: str, model: torch.nn.Module, sampling: SamplingParams, store, heads):
+def maker(case: str, model: torch.nn.Module, sampling: SamplingParams, store, heads, **params):
     name = _method(case)
-    params: dict = {}
     if name in NEEDS_STORE:
         params["datastore"] = str(store)
         if "refine" in get_method(name).Config.__dataclass_fields__:
@@ -295,20 +294,52 @@ def test_every_method_decoded_in_a_batch_gives_each_request_its_autoregressive_o
     assert len({rec.slot for rec in got.values()}) == min(batch_size, len(got))
 
 
+SCOPED = [c for c in CASES if issubclass(get_method(_method(c)), ScopedMemory)]
+
+
+@pytest.mark.parametrize("case", SCOPED)
+def test_drafters_spawned_for_a_batch_share_what_memory_run_keeps_and_nothing_else(case, models, store, heads):
+    """``memory: run`` is one memory over the run at batch size > 1 too: a spawned drafter holds the very objects
+    its method's RUN_STATE names (cleared in place, so still shared after a reset); under ``memory: sample``
+    each request's are its own. SAM-Decoding[EAGLE2]'s twins share the head's weights, not its cache."""
+    cls = get_method(_method(case))
+    assert cls.RUN_STATE, f"{case}: name what memory: run keeps (RUN_STATE)"
+
+    def held(drafter):
+        out = []
+        for path in cls.RUN_STATE:
+            obj = drafter
+            for name in path.split("."):
+                obj = getattr(obj, name)
+            out.append(obj)
+        return out
+
+    for memory, shared in (("run", True), ("sample", False)):
+        first = maker(case, models[0].model, SamplingParams(), store, heads, memory=memory)[0]()
+        twin = first.spawn()
+        first.reset()
+        assert [a is b for a, b in zip(held(first), held(twin), strict=True)] == [shared] * len(cls.RUN_STATE)
+    if case == "sam_decoding-eagle":
+        assert twin.eagle.head is first.eagle.head and twin.eagle.cache is not first.eagle.cache
+
+
 @pytest.mark.parametrize("case", ["spectra_core", "token_recycling", "sps", "eagle"])
 def test_sampled_requests_in_a_batch_on_two_gpus_draw_what_each_draws_alone_on_the_cpu(case, models, store, heads,
                                                                                        saved):
     """T = 1: each request keeps its own sampling stream, so a batch of 4 on 2 simulated GPUs draws the tokens
-    each request draws alone at batch size 1 (whose rule the statistical tests check)."""
+    each request draws alone at batch size 1 (whose rule the statistical tests check). Memory is kept per
+    sample here: under ``memory: run`` the batch's requests teach each other, so their drafts (and the draws
+    they take) differ from those made alone."""
+    own = {"memory": "sample"} if case in SCOPED else {}
     sampling = SamplingParams(temperature=1.0)
-    make, _ = maker(case, models[0].model, sampling, store, heads)
+    make, _ = maker(case, models[0].model, sampling, store, heads, **own)
     alone = {}
     for req in batch_requests(models[0], make):  # drafters of the same seeds as the batch's
         alone[req.tag] = generate(Target(models[0].model), req.drafter, req.prompt_ids,
                                   max_new_tokens=req.max_new_tokens, sampling=sampling,
                                   generator=torch.Generator().manual_seed(req.tag)).output_ids
     with simulated_gpus(2, free_memory(saved[1], 2)):
-        make, _ = maker(case, models[2].model, sampling, store, heads)
+        make, _ = maker(case, models[2].model, sampling, store, heads, **own)
         queue = batch_requests(models[2], make)[::-1]
         for req in queue:
             req.generator = torch.Generator().manual_seed(req.tag)

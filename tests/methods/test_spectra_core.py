@@ -546,3 +546,24 @@ def test_the_gpu_path_of_the_pool_rule_chooses_what_the_cpu_path_does(monkeypatc
     assert len(whole) == 1  # the penalty once; afterwards two tokens a step
     assert pool._device_penalty is not None and torch.equal(
         torch.isinf(pool._device_penalty), torch.from_numpy(np.isinf(pool.penalty)))
+
+
+def test_engines_sharing_dictionaries_each_avoid_every_key_either_learned():
+    """memory: run at batch size > 1: two requests' engines read one pair of dictionaries; a key one of them
+    adds to S_fwd is avoided by the other's pool at its next sync, and neither consumes the other's news."""
+    config = SpectraCoreConfig(memory="run")
+    a, b = SpectraCoreEngine(config, 0), SpectraCoreEngine(config, 1)
+    b.dicts = a.dicts
+    a.start([1, 2, 3, 4, 5, 6], keep=True)
+    b.start([7, 8, 9, 10, 11, 12], keep=True)
+    a.dicts.push_fwd(40, (41, 42))
+    a._sync_keys()
+    assert a.pool.penalty[40] == -np.inf and (b.pool.penalty.size <= 40 or b.pool.penalty[40] == 0)
+    b.dicts.push_fwd(50, (51,))
+    b._sync_keys()
+    a._sync_keys()
+    assert b.pool.penalty[40] == -np.inf and b.pool.penalty[50] == -np.inf and a.pool.penalty[50] == -np.inf
+    a.dicts.clear()  # the run's memory forgotten (a repeat): the readers' places start over
+    a.dicts.push_fwd(60, (61,))
+    b._sync_keys()
+    assert b.pool.penalty[60] == -np.inf
