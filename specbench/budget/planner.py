@@ -35,6 +35,9 @@ the acceptance rule, so outputs are unchanged: a smaller draft is still a draft.
   nothing unfed until its own dry steps show otherwise: with ``context_ngrams``
   SPECTRA's dictionaries still learn from the output). When the second pays
   better the step goes without them, and the dry guesses that still pay go.
+* **Drafting's own time.** Whether the drafter drafts at all is decided before each proposal, from the
+  measured tokens per second of the steps that drafted, the drafter's own seconds counted
+  (:mod:`specbench.budget.worth`, :meth:`AutoBudget.cap`).
 * **Warm-up.** The aux nodes are sent while their worth is measured, until it
   has spent ``warm`` (16) plain steps' worth of (modelled) time on them: a
   pool that adds a fifth of a step is measured over ~80 steps, long enough for
@@ -82,6 +85,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specbench.budget.costs import CostModel
+from specbench.budget.worth import DraftWorth
 from specbench.core.draft import Draft
 
 BUDGETS = ("fixed", "auto")
@@ -235,7 +239,7 @@ class AutoBudget:
     """Trims drafts under a cost curve; learns acceptance rates from every step it planned."""
 
     def __init__(self, cost: CostModel, aux_feeds: tuple[str, ...] = (), explore_every: int = 16,
-                 stats: AcceptanceStats | None = None, warm: float = 16.0) -> None:
+                 stats: AcceptanceStats | None = None, warm: float = 16.0, price_drafting: bool = True) -> None:
         if explore_every < 0:
             raise ValueError(f"budget: explore_every must be >= 0, got {explore_every}")
         self.cost, self.aux_feeds, self.explore_every = cost, tuple(aux_feeds), explore_every
@@ -257,6 +261,8 @@ class AutoBudget:
         self._rate_without = 0.0  # this step's rate without aux nodes (0: it has none)
         self._trial(0)
         self._context = 0
+        self.worth = DraftWorth(explore_every, price_drafting)  # whether drafting pays, its own time counted
+        self._capped = False  # this step drafts nothing (worth)
 
     def _trial(self, min_steps: int) -> None:
         """Measure the aux nodes' worth afresh (a new width on trial) over at least ``min_steps`` steps;
@@ -268,7 +274,13 @@ class AutoBudget:
     def spawn(self) -> AutoBudget:
         """A planner for another request decoded beside this one: its own aux state, the same statistics
         and cost curve (a batch's rows learn acceptance together)."""
-        return AutoBudget(self.cost, self.aux_feeds, self.explore_every, stats=self.stats, warm=self.warm)
+        return AutoBudget(self.cost, self.aux_feeds, self.explore_every, stats=self.stats, warm=self.warm,
+                          price_drafting=self.worth.enabled)
+
+    def cap(self) -> int | None:
+        """Before the step's proposal: 0 when drafting is not worth its time (:mod:`specbench.budget.worth`)."""
+        self._capped = not self.worth.drafts(self.allowance())
+        return 0 if self._capped else None
 
     def plan(self, draft: Draft, tokens: list[int]) -> Draft:
         """The part of ``draft`` to verify after ``tokens`` (the sequence so far, its root last)."""
@@ -282,6 +294,9 @@ class AutoBudget:
         self._resolve(tokens)
         self.proposed.append(len(draft))
         context = self._context = len(tokens)
+        if self._capped:  # a plain step: whatever a drafter proposed anyway goes unverified
+            self._rate_without = 0.0
+            return 0, [], []
         scores = node_scores(draft, self.stats)
         full = draft.aux_width
         width = min(full, self.width or full)
@@ -354,12 +369,14 @@ class AutoBudget:
         k = self.aux_steps
         return (self._warm_spent >= self.warm and k >= self._min_steps) or (k >= MIN_WARM and ratio < 1 - k**-0.5)
 
-    def record(self, draft: Draft, accepted_nodes: list[int]) -> None:
-        """The step verified ``draft`` (as planned) and accepted ``accepted_nodes``: the run's time and
-        the aux nodes' worth and regret."""
+    def record(self, draft: Draft, accepted_nodes: list[int], draft_s: float = 0.0) -> None:
+        """The step verified ``draft`` (as planned) and accepted ``accepted_nodes``, after ``draft_s`` seconds
+        of drafting and planning: the run's time, drafting's worth, and the aux nodes' worth and regret."""
         seconds = self.cost(1 + len(draft) + draft.n_aux, self._context)
         plain = self.cost(1, self._context)
         self.elapsed += seconds / plain
+        if not self._capped:
+            self.worth.record(1 + len(accepted_nodes), seconds + draft_s, plain)
         if not draft.n_aux:
             return
         if self._rate_without > 0:  # the time the step without them would have taken for these tokens

@@ -156,7 +156,9 @@ class _Loop:
         start = perf_counter()
         row.step += 1
         request = row.request
-        draft = request.drafter.propose(DecodeState(row.seq, row.record.prompt_len, request.max_new_tokens, row.step))
+        cap = getattr(request.planner, "cap", None)
+        draft = request.drafter.propose(DecodeState(row.seq, row.record.prompt_len, request.max_new_tokens, row.step,
+                                                    depth_cap=cap() if cap is not None else None))
         if draft is None:
             draft = _EMPTY
         elif draft is not _EMPTY:
@@ -206,7 +208,7 @@ class _Loop:
                                   argmax=None if best is None else best[r])
             features = _accepted_rows(target.row_features[r], path) if layers else {}
             if row.request.planner is not None:
-                row.request.planner.record(draft, path)
+                row.request.planner.record(draft, path, draft_s=row.draft_s)
             settled.append((path, tokens, features))
         cache.commit(0, [[0] + [1 + i for i in path] for path, _, _ in settled])
         target.sync()

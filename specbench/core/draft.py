@@ -234,6 +234,7 @@ class DecodeState:
     prompt_len: int
     max_new_tokens: int
     step: int = 0
+    depth_cap: int | None = None  # budget=auto: the deepest guess worth drafting this step (0: none)
 
     @property
     def new_tokens(self) -> int:
@@ -246,17 +247,21 @@ class DecodeState:
 
     @property
     def max_depth(self) -> int:
-        """The deepest guess that can still be kept: the target adds one token after the accepted ones."""
-        return self.remaining - 1
+        """The deepest guess that can still be kept (the target adds one token after the accepted ones), and
+        that is worth drafting: a drafter that finds it below 1 drafts nothing and skips what it can."""
+        deepest = self.remaining - 1
+        return deepest if self.depth_cap is None else min(deepest, self.depth_cap)
 
 
 class Planner(Protocol):
     """What the decode loop asks of a draft planner (``budget=auto``): trim each draft to what pays, learn
     from what verification accepted, and close the generation. The loop never imports a planner."""
 
+    def cap(self) -> int | None: ...  # before the step's proposal: its DecodeState.depth_cap
+
     def plan(self, draft: Draft, seq: list[int]) -> Draft: ...
 
-    def record(self, draft: Draft, path: list[int]) -> None: ...
+    def record(self, draft: Draft, path: list[int], draft_s: float = 0.0) -> None: ...  # draft_s: the drafting
 
     def finish(self, seq: list[int]) -> None: ...
 

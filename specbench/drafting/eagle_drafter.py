@@ -243,7 +243,11 @@ class HeadDrafter(Drafter):
         self.pending, self.start_pos = self._fuse(features), 0
 
     def update(self, result: VerifyResult) -> None:
-        self.pending, self.start_pos = self._fuse(result.features), self.root_pos
+        fused = self._fuse(result.features)
+        if self.pending is None:
+            self.pending, self.start_pos = fused, self.root_pos
+        else:  # steps that drafted nothing (budget=auto) left theirs: the head catches up on all at once
+            self.pending = torch.cat([self.pending, fused])
 
     def _embed(self, tokens: list[int]) -> torch.Tensor:
         ids = upload(tokens, runs_on(self.embed))
@@ -284,8 +288,11 @@ class HeadDrafter(Drafter):
         return self.head(feats, self._embed(tokens[s + 1 : s + m + 1]), positions, self.cache, vis)[-1:]
 
     def propose(self, state: DecodeState) -> Draft | None:
+        if state.max_depth < 1:  # nothing worth drafting: the head catches up when it drafts again
+            self.root_pos = len(state.tokens) - 1
+            return None
         root_hidden = self.catch_up(state.tokens)
-        if root_hidden is None or state.max_depth < 1:
+        if root_hidden is None:
             return None
         hidden: dict[int, torch.Tensor] = {}  # a node's predicted feature, once expanded
         slot: dict[int, int] = {}  # a node's entry in the head's cache

@@ -35,7 +35,7 @@ class SlowFinish:
     def plan(self, draft, seq):
         return draft
 
-    def record(self, draft, path):
+    def record(self, draft, path, draft_s=0.0):
         pass
 
     def finish(self, seq):

@@ -24,7 +24,7 @@ from specbench.budget.costs import CostModel
 from specbench.budget.planner import AutoBudget
 from specbench.core.acceptance import SamplingParams
 from specbench.core.decode import Request, decode_batch, generate
-from specbench.core.draft import Drafter, DrafterContext, ScopedMemory
+from specbench.core.draft import Draft, Drafter, DrafterContext, ScopedMemory
 from specbench.core.forward import Target
 from specbench.drafting.eagle_drafter import random_head
 from specbench.models import load_model
@@ -171,7 +171,9 @@ def decode(case, lm, sampling, store, heads, sim=None):
     make, cls = maker(case, lm.model, sampling, store, heads)
     drafter = make()
     watch = StepTraffic(drafter, sim) if sim is not None else None
-    budget = AutoBudget(GPU_CURVE, aux_feeds=cls.AUX_FEEDS, warm=0)
+    # drafting's measured time left out of the plan: sampled runs on the CPU and on simulated GPUs (slower hosts)
+    # must make the same decisions to draw the same tokens
+    budget = AutoBudget(GPU_CURVE, aux_feeds=cls.AUX_FEEDS, warm=0, price_drafting=False)
     gen = torch.Generator().manual_seed(7)
     rec = generate(Target(lm.model), drafter, prompt(lm), max_new_tokens=TOKENS, sampling=sampling,
                    eos_token_ids=(), generator=gen, planner=budget)
@@ -346,3 +348,42 @@ def test_sampled_requests_in_a_batch_on_two_gpus_draw_what_each_draws_alone_on_t
         got = {req.tag: rec.output_ids for req, rec in decode_batch(
             Target(models[2].model), lambda: queue.pop() if queue else None, batch_size=4, sampling=sampling)}
     assert got == alone
+
+
+class Sees:
+    """A planner that lets a step draft when ``drafts(step)`` says so, records each proposal and verifies none
+    of it: every step commits one token, so runs that skip different steps stay step for step aligned."""
+
+    def __init__(self, drafts) -> None:
+        self.drafts, self.step, self.seen = drafts, 0, {}
+
+    def cap(self):
+        self.step += 1
+        return None if self.drafts(self.step) else 0
+
+    def plan(self, draft, seq):
+        self.seen[self.step] = (list(draft.tokens), list(draft.parents))
+        return Draft()
+
+    def record(self, draft, path, draft_s=0.0):
+        pass
+
+    def finish(self, seq):
+        pass
+
+
+@pytest.mark.parametrize("case", ["eagle", "eagle3", "sam_decoding-eagle"])
+def test_a_head_that_skips_steps_catches_up_and_drafts_what_it_would_have(case, models, store, heads):
+    """budget=auto may tell a drafter that nothing is worth drafting (depth cap 0): an EAGLE head then skips its
+    step entirely and later catches up on every committed position at once; the tree it drafts then is the one a
+    head that never skipped drafts at the same point."""
+    lm = models[0]
+    make, _ = maker(case, lm.model, SamplingParams(), store, heads)
+    every, some = Sees(lambda step: True), Sees(lambda step: step % 3 == 0)
+    for planner in (every, some):
+        generate(Target(lm.model), make(), prompt(lm), max_new_tokens=TOKENS, planner=planner)
+    assert set(some.seen) == set(every.seen) and len(some.seen) == TOKENS - 1
+    drafted = [step for step in some.seen if step % 3 == 0]
+    assert all(some.seen[step][0] == [] for step in some.seen if step % 3)  # capped: nothing proposed
+    assert any(every.seen[step][0] for step in drafted)
+    assert {step: some.seen[step] for step in drafted} == {step: every.seen[step] for step in drafted}

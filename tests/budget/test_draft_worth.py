@@ -1,0 +1,80 @@
+"""budget=auto counts what drafting costs: a drafter whose drafting takes more time than its tokens save is
+driven to drafting nothing (and explored again, within a bounded regret); a cheap one keeps drafting. The
+drafter's cost is measured (a slowed drafter), not assumed."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from specbench.budget.costs import CostModel
+from specbench.budget.planner import AutoBudget
+from specbench.budget.worth import MIN_WARM, DraftWorth
+from specbench.core.decode import generate
+from specbench.core.draft import Drafter
+from specbench.core.forward import Target
+from tests.core.test_batch import Script
+from tests.core.test_tree_forward import build
+
+
+def test_drafting_that_costs_more_than_it_brings_stops_and_is_explored_with_a_growing_wait():
+    worth = DraftWorth(explore_every=4)
+    for _ in range(MIN_WARM):  # 1 token in 3 plain steps' time: drafting only slows decoding
+        assert worth.drafts(allowance=100.0)
+        worth.record(1, 3.0, 1.0)
+    pattern = [worth.drafts(allowance=100.0) for _ in range(12)]
+    assert pattern == [False] * 3 + [True] + [False] * 7 + [True]  # explored after 4, then after 8
+    assert worth.regret == pytest.approx(MIN_WARM * 2.0)  # each drafting step lost two plain steps
+    worth.record(20, 3.0, 1.0)  # the exploration paid very well: drafting resumes (the running mean reaches 1)
+    assert worth.drafting and worth.drafts(allowance=100.0)
+
+
+def test_a_drafter_that_pays_keeps_drafting_and_regret_caps_one_that_does_not():
+    good = DraftWorth()
+    for _ in range(50):
+        assert good.drafts(allowance=1.0)
+        good.record(3, 1.5, 1.0)
+    assert good.regret < 0 and not any(good.capped)
+    bad = DraftWorth(explore_every=1)  # exploring at every chance: only the regret stops it
+    drafted = 0
+    for _ in range(50):
+        if bad.drafts(allowance=2.0):
+            drafted += 1
+            bad.record(1, 2.0, 1.0)
+    assert drafted <= 3 + 1  # the allowance, then the step that crossed it
+
+
+class Slowed(Script):
+    """The scripted drafter (right guesses), taking ``delay`` seconds a proposal; it counts the proposals it
+    was asked to draft."""
+
+    def __init__(self, future, delay):
+        super().__init__(future)
+        self.delay, self.asked = delay, 0
+
+    def propose(self, state):
+        if state.max_depth < 1:
+            return None
+        self.asked += 1
+        time.sleep(self.delay)
+        return super().propose(state)
+
+
+@pytest.mark.parametrize(("delay", "drafts"), [(0.03, False), (0.0, True)])
+def test_the_drafters_measured_time_decides_whether_it_drafts(delay, drafts):
+    """A forward priced at 2 ms: a drafter taking 30 ms a step cannot pay whatever it guesses, and is driven to
+    drafting nothing after a few steps; the same drafter without the delay drafts throughout. Outputs equal
+    autoregressive decoding either way."""
+    target = Target(build("llama"))
+    prompt, n = [5, 17, 33, 2, 71, 9], 40
+    expected = generate(target, Drafter(vocab_size=0), prompt, max_new_tokens=n).output_ids
+    planner = AutoBudget(CostModel([1, 64], [0], [[0.002, 0.0022]]))
+    drafter = Slowed(expected, delay)
+    rec = generate(target, drafter, prompt, max_new_tokens=n, planner=planner)
+    assert rec.output_ids == expected
+    steps = len(rec.step_tokens) - 1
+    if drafts:
+        assert drafter.asked == steps and not any(planner.worth.capped)
+    else:
+        assert drafter.asked <= MIN_WARM + 2 and sum(planner.worth.capped) >= steps - MIN_WARM - 2
