@@ -35,9 +35,8 @@ the acceptance rule, so outputs are unchanged: a smaller draft is still a draft.
   nothing unfed until its own dry steps show otherwise: with ``context_ngrams``
   SPECTRA's dictionaries still learn from the output). When the second pays
   better the step goes without them, and the dry guesses that still pay go.
-* **Drafting's own time.** Whether the drafter drafts at all is decided before each proposal, from the
-  measured tokens per second of the steps that drafted, the drafter's own seconds counted
-  (:mod:`specbench.budget.worth`, :meth:`AutoBudget.cap`).
+* **Drafting's own time.** Whether, and how deep, the drafter drafts is decided before each proposal, its own
+  measured seconds counted (:mod:`specbench.budget.worth`, :meth:`AutoBudget.cap`).
 * **Warm-up.** The aux nodes are sent while their worth is measured, until it
   has spent ``warm`` (16) plain steps' worth of (modelled) time on them: a
   pool that adds a fifth of a step is measured over ~80 steps, long enough for
@@ -260,7 +259,7 @@ class AutoBudget:
         self.elapsed = 0.0  # the run's modelled time so far, in plain steps
         self._rate_without = 0.0  # this step's rate without aux nodes (0: it has none)
         self._trial(0)
-        self._context = 0
+        self._context = self._drafted_depth = 0
         self.worth = DraftWorth(explore_every, price_drafting)  # whether drafting pays, its own time counted
         self._capped = False  # this step drafts nothing (worth)
 
@@ -278,9 +277,9 @@ class AutoBudget:
                           price_drafting=self.worth.enabled)
 
     def cap(self) -> int | None:
-        """Before the step's proposal: 0 when drafting is not worth its time (:mod:`specbench.budget.worth`)."""
+        """Before the step's proposal: the deepest guess worth drafting (0: none; None: the method's own)."""
         self._capped = not self.worth.drafts(self.allowance())
-        return 0 if self._capped else None
+        return 0 if self._capped else self.worth.depth(lambda q: self.cost(q, self._context))
 
     def plan(self, draft: Draft, tokens: list[int]) -> Draft:
         """The part of ``draft`` to verify after ``tokens`` (the sequence so far, its root last)."""
@@ -293,7 +292,8 @@ class AutoBudget:
         self.steps += 1
         self._resolve(tokens)
         self.proposed.append(len(draft))
-        context = self._context = len(tokens)
+        self._drafted_depth, context = max(draft.depths(), default=0), len(tokens)
+        self._context = context
         if self._capped:  # a plain step: whatever a drafter proposed anyway goes unverified
             self._rate_without = 0.0
             return 0, [], []
@@ -376,7 +376,7 @@ class AutoBudget:
         plain = self.cost(1, self._context)
         self.elapsed += seconds / plain
         if not self._capped:
-            self.worth.record(1 + len(accepted_nodes), seconds + draft_s, plain)
+            self.worth.record(1 + len(accepted_nodes), seconds + draft_s, plain, draft, self._drafted_depth, draft_s)
         if not draft.n_aux:
             return
         if self._rate_without > 0:  # the time the step without them would have taken for these tokens

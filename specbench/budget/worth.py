@@ -13,12 +13,24 @@ one token per t(1).
   their work (an EAGLE head does not even catch up until it drafts again).
 * **Explore.** After ``explore_every`` steps without drafting one step drafts again; the wait doubles each
   time drafting still does not pay, and drafting resumes for good when its rate reaches plain decoding's.
+* **How deep.** While drafting pays, the levels worth drafting are chosen too: the chance that a step's
+  accepted path reaches depth k (counted over the steps whose kept draft reached it), the guesses kept at
+  depths up to d (running means), and the drafter's seconds against the depth it drafted (a running least
+  squares line, all of it per level until the depths drafted differ) give each cap d its expected tokens per
+  second, (1 + Σ_{k≤d} P(reach k)) / (t(1 + guesses(d)) + drafting(d)). The best cap below the deepest
+  measured is sent (``DecodeState.depth_cap``); every ``explore_every``-th drafting step drafts the method's
+  own depth, so the deeper levels stay measured.
 * **Bounded regret.** The time drafting steps lost against plain decoding for the same tokens is summed (a
   step that paid counts negative); no step drafts while that sum exceeds the planner's allowance (a share
   of the run's modelled time plus a floor), so a drafter that never pays costs a run at most that.
 """
 
 from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+
+from specbench.core.draft import Draft
 
 MIN_WARM = 4  # drafting steps before drafting may be judged not to pay
 
@@ -37,10 +49,17 @@ class DraftWorth:
         self.next_explore = explore_every
         self.regret = 0.0  # plain steps' worth of time drafting lost against plain decoding
         self.capped: list[bool] = []  # per step: drafting left out
+        self.tried: Counter = Counter()  # depth k: drafting steps whose kept draft reached it
+        self.reached: Counter = Counter()  # … and whose accepted path did
+        self.kept: dict[int, float] = {}  # depth d: running mean of the guesses kept at depths up to d
+        self._line = [0.0] * 4  # running means of depth, seconds, depth², depth × seconds (drafting)
+        self.caps: list[int | None] = []  # per drafting step: the depth cap sent (None: the method's own)
+        self._drafting_steps = 0
 
     def drafts(self, allowance: float) -> bool:
         """Whether the next step drafts, given the regret the run allows so far (in plain steps)."""
-        go = not self.enabled or (self.drafting and self.regret <= allowance)
+        warm = self.steps < MIN_WARM  # the first steps draft whatever they cost: too few to judge
+        go = not self.enabled or warm or (self.drafting and self.regret <= allowance)
         if not go:
             self.skipped += 1
             if self.explore_every and self.skipped >= self.next_explore and self.regret <= allowance:
@@ -48,11 +67,45 @@ class DraftWorth:
         self.capped.append(not go)
         return go
 
-    def record(self, tokens: int, seconds: float, plain_s: float) -> None:
+    def depth(self, forward: Callable[[int], float]) -> int | None:
+        """The depth cap for a step that drafts (``forward(q)``: a forward's modelled seconds): the best one
+        below the deepest measured, or None (the method's own) when that is best or to keep it measured."""
+        self._drafting_steps += 1
+        deepest = max(self.tried, default=0)
+        if not self.enabled or deepest < 2 or self._drafting_steps % max(self.explore_every, 1) == 0:
+            self.caps.append(None)
+            return None
+        d_mean, s_mean, dd, ds = self._line
+        spread = dd - d_mean * d_mean
+        per_level = max((ds - d_mean * s_mean) / spread, 0.0) if spread > 1e-9 else s_mean / max(d_mean, 1.0)
+        base = s_mean - per_level * d_mean if spread > 1e-9 else 0.0
+        best, best_rate, gain, chance = None, -1.0, 1.0, 1.0
+        for d in range(1, deepest + 1):
+            chance = min(chance, self.reached[d] / self.tried[d]) if self.tried[d] else 0.0
+            gain += chance
+            rate = gain / (forward(1 + round(self.kept.get(d, 0.0))) + max(base + per_level * d, 0.0))
+            if rate > best_rate:
+                best, best_rate = d, rate
+        cap = None if best == deepest else best
+        self.caps.append(cap)
+        return cap
+
+    def record(self, tokens: int, seconds: float, plain_s: float, draft: Draft | None = None,
+               drafted_depth: int = 0, draft_s: float = 0.0) -> None:
         """A step that drafted gave ``tokens`` in ``seconds`` (forward and drafting); plain decoding takes
-        ``plain_s`` a token."""
+        ``plain_s`` a token. ``draft``: the guesses it verified; ``drafted_depth``: how deep the drafter drafted,
+        in ``draft_s`` seconds."""
         self.steps += 1
         w = max(1.0 / 32, 1.0 / self.steps)
+        if draft is not None:
+            depths = draft.depths()
+            for k in range(1, max(depths, default=0) + 1):
+                self.tried[k] += 1
+                self.reached[k] += tokens - 1 >= k
+            for d in range(1, max(max(depths, default=0), max(self.kept, default=0)) + 1):
+                self.kept[d] = self.kept.get(d, 0.0) + w * (sum(x <= d for x in depths) - self.kept.get(d, 0.0))
+            point = (drafted_depth, draft_s, drafted_depth**2, drafted_depth * draft_s)
+            self._line = [m + w * (x - m) for m, x in zip(self._line, point, strict=True)]
         self.tokens += w * (tokens - self.tokens)
         self.seconds += w * (seconds - self.seconds)
         self.regret += (seconds - tokens * plain_s) / plain_s

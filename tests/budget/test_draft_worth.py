@@ -12,7 +12,7 @@ from specbench.budget.costs import CostModel
 from specbench.budget.planner import AutoBudget
 from specbench.budget.worth import MIN_WARM, DraftWorth
 from specbench.core.decode import generate
-from specbench.core.draft import Drafter
+from specbench.core.draft import Draft, Drafter
 from specbench.core.forward import Target
 from tests.core.test_batch import Script
 from tests.core.test_tree_forward import build
@@ -76,5 +76,41 @@ def test_the_drafters_measured_time_decides_whether_it_drafts(delay, drafts):
     steps = len(rec.step_tokens) - 1
     if drafts:
         assert drafter.asked == steps and not any(planner.worth.capped)
+        assert all(cap is None for cap in planner.worth.caps)  # every level pays: the method's own depth
     else:
         assert drafter.asked <= MIN_WARM + 2 and sum(planner.worth.capped) >= steps - MIN_WARM - 2
+
+
+class Shallow(Drafter):
+    """Six levels a step, each costing ``per_level`` seconds: the first two are the target's next tokens, the
+    deeper four never are. It keeps the depth it was allowed at each proposal."""
+
+    def __init__(self, future, per_level):
+        super().__init__(vocab_size=96)
+        self.future, self.per_level, self.allowed = future, per_level, []
+
+    def propose(self, state):
+        depth = min(6, state.max_depth)
+        if depth < 1:
+            return None
+        self.allowed.append(depth)
+        time.sleep(self.per_level * depth)
+        done = state.new_tokens
+        right = self.future[done : done + 2]
+        chain = (right + [(t + 1) % 96 for t in self.future[done + 2 : done + 6]])[:depth]
+        return Draft.chain(chain, "t") if chain else None
+
+
+def test_levels_that_cost_more_than_they_bring_are_not_drafted():
+    """Forward 2 ms, 0.5 ms a drafted level: levels 1-2 pay, 3-6 are never accepted. The cap settles at depth 2
+    (the full depth only on exploration steps), measured from the drafter's own time; outputs unchanged."""
+    target = Target(build("llama"))
+    prompt, n = [5, 17, 33, 2, 71, 9], 60
+    expected = generate(target, Drafter(vocab_size=0), prompt, max_new_tokens=n).output_ids
+    planner = AutoBudget(CostModel([1, 64], [0], [[0.002, 0.0022]]))
+    drafter = Shallow(expected, 0.0005)
+    rec = generate(target, drafter, prompt, max_new_tokens=n, planner=planner)
+    assert rec.output_ids == expected
+    later = [d for d in drafter.allowed[MIN_WARM:] if d >= 2]  # (the last steps' room is shorter)
+    assert later.count(2) >= 0.7 * len(later) and 6 in drafter.allowed[:MIN_WARM]
+    assert not any(planner.worth.capped)  # drafting itself pays
