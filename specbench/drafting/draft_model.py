@@ -26,6 +26,13 @@ target's ``p`` is, with ``q`` sent along as ``draft_probs`` so verification
 accepts with ``min(1, p/q)``. Chains, not trees: siblings drawn i.i.d. from
 ``q`` would need the multi-draft rule and must never be merged as one guess.
 Greedy drafting takes the draft's argmax and sends no ``q`` (the one-hot case).
+
+Under ``budget=auto`` the chain is cut where it stops paying: each drafted
+token costs a draft forward, measured in the drafter's own seconds, and the
+planner's depth cap (``DecodeState.max_depth``) bounds the chain before it is
+drafted (nothing at all when drafting does not pay); the verified chain may be
+trimmed further to the prefix whose expected tokens pay for the target's
+wider forward (``draft_probs`` rows follow the kept tokens).
 """
 
 from __future__ import annotations
@@ -210,8 +217,6 @@ class DraftChain:
 
 class ModelDrafter(Drafter):
     """Propose a chain drawn from a draft model; subclasses decide its length (:meth:`keep_drafting`)."""
-
-    budget_auto = False  # the draft length is the method's own subject (K, or SpecDec++'s head)
 
     def __init__(self, config: Any = None, **kwargs) -> None:
         super().__init__(config, **kwargs)

@@ -462,7 +462,10 @@ def test_runner_records_auto_rows_apart_with_their_curve(tmp_path, monkeypatch):
     [(("budget=sometimes",), "budget must be one of fixed, auto"),
      (("method=sps", "model=tiny-llama", "budget=auto"), "use budget=fixed")],
 )
-def test_bad_budget_settings_are_one_line(tmp_path, extra, message):
+def test_bad_budget_settings_are_one_line(tmp_path, extra, message, monkeypatch):
+    from methods.sps import SpeculativeSampling
+
+    monkeypatch.setattr(SpeculativeSampling, "budget_auto", False)  # a method that sets its own draft length
     with pytest.raises(ConfigError, match=message):
         run(make_cfg("experiment=smoke", f"results_dir={tmp_path}", *extra))
 

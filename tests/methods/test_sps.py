@@ -21,6 +21,9 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 from methods.registry import build_method_config, get_method
 from methods.sps import SpeculativeSampling, SpSConfig
+from specbench.budget.costs import CostModel
+from specbench.budget.planner import AutoBudget
+from specbench.budget.worth import MIN_WARM
 from specbench.core.acceptance import SamplingParams
 from specbench.core.draft import SOURCE_MODEL, DecodeState, DrafterContext
 from specbench.core.forward import Target
@@ -243,6 +246,57 @@ def test_sampling_keeps_the_target_distribution(params, draft):
 
     assert_sampling_preserves_distribution(make, params, target=target, trials=1500)
     assert sum(accepted) > 0  # drafts were accepted, not only rejected
+
+
+# ---------------------------------------------------------------- budget=auto
+
+
+def recording(drafter):
+    """The drafter, recording the length of every chain it proposes (0: nothing drafted)."""
+    lengths, propose = [], drafter.propose
+
+    def wrapped(state):
+        draft = propose(state)
+        lengths.append(0 if draft is None else len(draft))
+        return draft
+
+    drafter.propose = wrapped
+    return drafter, lengths
+
+
+@pytest.mark.parametrize(("forward_s", "pays"), [(1.0, True), (1e-6, False)])
+def test_budget_auto_keeps_a_chain_that_pays_and_drops_one_that_cannot(tiny_llama, forward_s, pays):
+    """A draft that is the target itself (every drafted token accepted), its draft forwards measured: priced
+    at 1 s a target forward, every step drafts its k = 5; priced at 1 µs, its milliseconds can never be paid
+    back and after the warm-up the chain is cut to nothing (explored now and then). Greedy output equals
+    autoregressive decoding either way."""
+    target = Target(tiny_llama.model)
+    prompt = tiny_llama.tokenizer.encode(TEXTS[1])
+    planner = AutoBudget(CostModel([1, 64], [0], [[forward_s, forward_s]]))
+    drafter, lengths = recording(sps(tiny_llama, self_first_layers=2, k=5))
+    rec = assert_greedy_lossless(target, lambda: drafter, [prompt], 64, budget=planner)[0]
+    if pays:
+        assert lengths[:-2] == [5] * (len(lengths) - 2) and not any(planner.worth.capped)
+        assert rec.step_tokens[1:-1] == [6] * (len(rec.step_tokens) - 2)
+    else:
+        assert lengths[0] == 5 and lengths[MIN_WARM:].count(0) >= len(lengths) - MIN_WARM - 3
+        assert lengths[MIN_WARM:].count(0) >= len(lengths) - MIN_WARM - 3  # explorations only
+
+
+def test_budget_auto_sampling_keeps_the_target_distribution():
+    """Sampled chains trimmed by budget=auto (a curve where every guess costs): the target's distribution."""
+    target, other = small_vocab_target(), small_draft()
+    params = SamplingParams(temperature=1.0)
+    ctx = DrafterContext(sampling=params, load_model=lambda name: other)
+    seeds = itertools.count()
+
+    def make():
+        return SpeculativeSampling(SpSConfig(k=4, draft_model="small", self_first_layers=None),
+                                   vocab_size=SMALL_VOCAB, seed=next(seeds), context=ctx)
+
+    steep = CostModel([1, 2, 3, 4, 5], [0], [[1.0, 1.05, 1.1, 1.2, 1.3]])
+    assert_sampling_preserves_distribution(make, params, target=target, trials=1500, min_depth=1,
+                                           make_budget=lambda: AutoBudget(steep, price_drafting=False))
 
 
 # ---------------------------------------------------------------- SmolLM2
