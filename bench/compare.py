@@ -222,8 +222,8 @@ def bench(loaded, prompts, presets: list[str], max_new: int, run_cfg=None, store
     for rep in range(repeats):  # each repeat replicates the run: drafters and budgets start empty
         for drafter in drafters.values():  # as a run does: the warm-up teaches run-long memory nothing
             drafter.reset()
-        for name, b in budgets.items():
-            budgets[name] = AutoBudget(cost, aux_feeds=b.aux_feeds)
+        for name, b in budgets.items():  # the warm-up's drafting cost is kept: a calibration, as a run does
+            budgets[name] = AutoBudget(cost, aux_feeds=b.aux_feeds, calibration=b.calibration or b.worth.calibration())
         for i, ids in enumerate(prompts):
             shift = (i + rep) % len(names)
             order = names[shift:] + names[:shift]

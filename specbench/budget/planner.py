@@ -5,26 +5,21 @@ that maximises expected tokens per second under the measured cost curve
 (:class:`specbench.budget.costs.CostModel`), before the forward. Nothing here touches
 the acceptance rule, so outputs are unchanged: a smaller draft is still a draft.
 
-* **Expected tokens.** A guess's chance of being accepted is estimated from
-  running counts by (source, depth, rank among its siblings, 0-3 and "4 or
-  more"): a drafter's first guess at a depth is right far more often than its
-  fifteenth. Sparse keys lean on coarser ones: the rate of (source, depth,
-  rank) is shrunk toward that of (source, depth), that toward the source's,
-  and that toward 1/4 (each by the weight of ``prior`` guesses), so a key never
-  seen starts at what its source does elsewhere. The counts cover every guess the drafter proposed,
-  kept or trimmed: once the output has grown past a guess's depth, the guess
-  counts as accepted when its path equals the output that followed its root.
-  For a greedy target that is exactly acceptance; when sampling, a
-  deterministic guess is accepted with the probability that the target
-  samples it, which is the probability it matches the output: the same rate.
-  So trimming never starves the statistics. A guess never scores above its
-  parent (it cannot be accepted without it); a node that several sources
-  proposed takes the best of their rates. Summed over the kept guesses this is
-  the expected number accepted (siblings' rates are averages over siblings, so
-  they add up to at most one per depth on average).
-* **The trim.** Guesses sorted by score (parents first) are kept while the
-  step's expected tokens per second, (1 + Σ kept scores) / t(1 + aux + kept),
-  grows: the best prefix of that order is kept, as many nodes as maximise it.
+* **Expected tokens.** A guess's chance of being accepted is estimated from running counts by (source, depth,
+  rank among its siblings, 0-3 and "4 or more"): a drafter's first guess at a depth is right far more often
+  than its fifteenth. Sparse keys lean on coarser ones: the rate of (source, depth, rank) is shrunk toward
+  that of (source, depth), that toward the source's, and that toward 1/4 (each by the weight of ``prior``
+  guesses), so a key never seen starts at what its source does elsewhere. The counts cover every guess the
+  drafter proposed, kept or trimmed: once the output has grown past a guess's depth, the guess counts as
+  accepted when its path equals the output that followed its root. For a greedy target that is exactly
+  acceptance; when sampling, a deterministic guess is accepted with the probability that the target samples
+  it, which is the probability it matches the output: the same rate. So trimming never starves the statistics.
+  A guess never scores above its parent (it cannot be accepted without it); a node that several sources
+  proposed takes the best of their rates. Summed over the kept guesses this is the expected number accepted
+  (siblings' rates are averages over siblings, so they add up to at most one per depth on average).
+* **The trim.** Guesses sorted by score (parents first) are kept while the step's expected tokens per second,
+  (1 + Σ kept scores) / t(1 + aux + kept), grows: the best prefix of that order is kept, as many nodes as
+  maximise it.
 * **Auxiliary nodes** (Lookahead's window, SPECTRA's candidate pool) propose
   nothing themselves; they feed the sources in the drafter's ``AUX_FEEDS``,
   so their worth shows only over many steps. It is measured: the tokens per
@@ -36,7 +31,7 @@ the acceptance rule, so outputs are unchanged: a smaller draft is still a draft.
   SPECTRA's dictionaries still learn from the output). When the second pays
   better the step goes without them, and the dry guesses that still pay go.
 * **Drafting's own time.** Whether, and how deep, the drafter drafts is decided before each proposal, its own
-  measured seconds counted (:mod:`specbench.budget.worth`, :meth:`AutoBudget.cap`).
+  measured seconds counted, from a calibration (:mod:`specbench.budget.worth`, :meth:`AutoBudget.cap`).
 * **Warm-up.** The aux nodes are sent while their worth is measured, until it
   has spent ``warm`` (16) plain steps' worth of (modelled) time on them: a
   pool that adds a fifth of a step is measured over ~80 steps, long enough for
@@ -238,7 +233,8 @@ class AutoBudget:
     """Trims drafts under a cost curve; learns acceptance rates from every step it planned."""
 
     def __init__(self, cost: CostModel, aux_feeds: tuple[str, ...] = (), explore_every: int = 16,
-                 stats: AcceptanceStats | None = None, warm: float = 16.0, price_drafting: bool = True) -> None:
+                 stats: AcceptanceStats | None = None, warm: float = 16.0, price_drafting: bool = True,
+                 calibration: tuple | None = None) -> None:
         if explore_every < 0:
             raise ValueError(f"budget: explore_every must be >= 0, got {explore_every}")
         self.cost, self.aux_feeds, self.explore_every = cost, tuple(aux_feeds), explore_every
@@ -261,6 +257,8 @@ class AutoBudget:
         self._trial(0)
         self._context = self._drafted_depth = 0
         self.worth = DraftWorth(explore_every, price_drafting)  # whether drafting pays, its own time counted
+        self.calibration = calibration  # drafting's cost measured before the run (DraftWorth.calibration)
+        self.worth.calibrate(calibration, lambda q: cost(q, 0))
         self._capped = False  # this step drafts nothing (worth)
 
     def _trial(self, min_steps: int) -> None:
@@ -274,7 +272,7 @@ class AutoBudget:
         """A planner for another request decoded beside this one: its own aux state, the same statistics
         and cost curve (a batch's rows learn acceptance together)."""
         return AutoBudget(self.cost, self.aux_feeds, self.explore_every, stats=self.stats, warm=self.warm,
-                          price_drafting=self.worth.enabled)
+                          price_drafting=self.worth.enabled, calibration=self.calibration)
 
     def cap(self) -> int | None:
         """Before the step's proposal: the deepest guess worth drafting (0: none; None: the method's own)."""

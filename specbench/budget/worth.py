@@ -20,6 +20,12 @@ one token per t(1).
   second, (1 + Σ_{k≤d} P(reach k)) / (t(1 + guesses(d)) + drafting(d)). The best cap below the deepest
   measured is sent (``DecodeState.depth_cap``); every ``explore_every``-th drafting step drafts the method's
   own depth, so the deeper levels stay measured.
+* **Calibration.** What a drafter's drafting costs is a property of the machine, not of the prompts: the
+  seconds-against-depth line measured in a run's warm-up (:meth:`DraftWorth.calibration`) starts each
+  measured planner (:meth:`DraftWorth.calibrate`), worth ``CALIBRATION_STEPS`` steps, then the running means
+  take over. When even a draft accepted whole could not pay at any depth measured, (1 + d) tokens in
+  t(1 + d) plus the drafting's seconds at depth d against plain decoding's 1 per t(1), drafting starts off
+  (explored as above). Acceptance is never carried: the warm-up's prompts teach nothing.
 * **Bounded regret.** The time drafting steps lost against plain decoding for the same tokens is summed (a
   step that paid counts negative); no step drafts while that sum exceeds the planner's allowance (a share
   of the run's modelled time plus a floor), so a drafter that never pays costs a run at most that.
@@ -33,6 +39,7 @@ from collections.abc import Callable
 from specbench.core.draft import Draft
 
 MIN_WARM = 4  # drafting steps before drafting may be judged not to pay
+CALIBRATION_STEPS = 8  # a calibration counts as this many steps of the drafting-cost line
 
 
 class DraftWorth:
@@ -53,12 +60,15 @@ class DraftWorth:
         self.reached: Counter = Counter()  # … and whose accepted path did
         self.kept: dict[int, float] = {}  # depth d: running mean of the guesses kept at depths up to d
         self._line = [0.0] * 4  # running means of depth, seconds, depth², depth × seconds (drafting)
+        self._points = 0  # steps in that line
+        self._deepest = 0  # the deepest depth drafted
         self.caps: list[int | None] = []  # per drafting step: the depth cap sent (None: the method's own)
         self._drafting_steps = 0
 
     def drafts(self, allowance: float) -> bool:
         """Whether the next step drafts, given the regret the run allows so far (in plain steps)."""
-        warm = self.steps < MIN_WARM  # the first steps draft whatever they cost: too few to judge
+        warm = self.steps < MIN_WARM and self.drafting  # the first steps draft whatever they cost: too few to
+        # judge (unless a calibration showed no draft could pay)
         go = not self.enabled or warm or (self.drafting and self.regret <= allowance)
         if not go:
             self.skipped += 1
@@ -75,20 +85,42 @@ class DraftWorth:
         if not self.enabled or deepest < 2 or self._drafting_steps % max(self.explore_every, 1) == 0:
             self.caps.append(None)
             return None
-        d_mean, s_mean, dd, ds = self._line
-        spread = dd - d_mean * d_mean
-        per_level = max((ds - d_mean * s_mean) / spread, 0.0) if spread > 1e-9 else s_mean / max(d_mean, 1.0)
-        base = s_mean - per_level * d_mean if spread > 1e-9 else 0.0
+        drafting = self._drafting_seconds()
         best, best_rate, gain, chance = None, -1.0, 1.0, 1.0
         for d in range(1, deepest + 1):
             chance = min(chance, self.reached[d] / self.tried[d]) if self.tried[d] else 0.0
             gain += chance
-            rate = gain / (forward(1 + round(self.kept.get(d, 0.0))) + max(base + per_level * d, 0.0))
+            rate = gain / (forward(1 + round(self.kept.get(d, 0.0))) + drafting(d))
             if rate > best_rate:
                 best, best_rate = d, rate
         cap = None if best == deepest else best
         self.caps.append(cap)
         return cap
+
+    def _drafting_seconds(self) -> Callable[[int], float]:
+        """The drafter's seconds for a draft of depth d: the line through the measured steps (all of it per
+        level until the depths drafted differ)."""
+        d_mean, s_mean, dd, ds = self._line
+        spread = dd - d_mean * d_mean
+        per_level = max((ds - d_mean * s_mean) / spread, 0.0) if spread > 1e-9 else s_mean / max(d_mean, 1.0)
+        base = s_mean - per_level * d_mean if spread > 1e-9 else 0.0
+        return lambda d: max(base + per_level * d, 0.0)
+
+    def calibration(self) -> tuple[list[float], int, int] | None:
+        """The drafting cost measured so far, for :meth:`calibrate`: the line's means, its steps and the deepest
+        depth drafted (None before any drafting step)."""
+        return (list(self._line), self._points, self._deepest) if self._points else None
+
+    def calibrate(self, measured: tuple[list[float], int, int] | None, forward: Callable[[int], float]) -> None:
+        """Start from drafting costs measured on this machine (``forward(q)``: a forward's modelled seconds);
+        drafting starts off when no depth measured could pay even if every guess were accepted."""
+        if not self.enabled or not measured:
+            return
+        line, points, deepest = measured
+        self._line, self._points, self._deepest = list(line), min(points, CALIBRATION_STEPS), deepest
+        drafting, plain = self._drafting_seconds(), forward(1)
+        if deepest >= 1 and all((1 + d) * plain < forward(1 + d) + drafting(d) for d in range(1, deepest + 1)):
+            self.drafting, self.skipped = False, 0
 
     def record(self, tokens: int, seconds: float, plain_s: float, draft: Draft | None = None,
                drafted_depth: int = 0, draft_s: float = 0.0) -> None:
@@ -104,8 +136,10 @@ class DraftWorth:
                 self.reached[k] += tokens - 1 >= k
             for d in range(1, max(max(depths, default=0), max(self.kept, default=0)) + 1):
                 self.kept[d] = self.kept.get(d, 0.0) + w * (sum(x <= d for x in depths) - self.kept.get(d, 0.0))
-            point = (drafted_depth, draft_s, drafted_depth**2, drafted_depth * draft_s)
-            self._line = [m + w * (x - m) for m, x in zip(self._line, point, strict=True)]
+            self._points += 1
+            self._deepest = max(self._deepest, drafted_depth)
+            point, v = (drafted_depth, draft_s, drafted_depth**2, drafted_depth * draft_s), max(1 / 32, 1 / self._points)
+            self._line = [m + v * (x - m) for m, x in zip(self._line, point, strict=True)]
         self.tokens += w * (tokens - self.tokens)
         self.seconds += w * (seconds - self.seconds)
         self.regret += (seconds - tokens * plain_s) / plain_s

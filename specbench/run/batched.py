@@ -52,11 +52,14 @@ class _Pool:
 
 
 def warm_up(m: Any, name: str, prompt: list[int], tokens: int) -> None:
-    """A batch of ``batch_size`` copies of ``prompt``: nothing recorded."""
-    pool = _Pool(m.drafters[name])
-    queue = [Request(prompt, tokens, pool.take(), m.generator("warmup", 0, 0)) for _ in range(m.job.batch_size)]
+    """A batch of ``batch_size`` copies of ``prompt`` (planned as a run plans, for the drafting cost it
+    measures): nothing recorded."""
+    pool, planners = _Pool(m.drafters[name]), _Pool(m.budgets.get(name))
+    queue = [Request(prompt, tokens, pool.take(), m.generator("warmup", 0, 0), planners.take())
+             for _ in range(m.job.batch_size)]
     for _ in decode_batch(m.target, lambda: queue.pop() if queue else None, batch_size=m.job.batch_size,
-                          sampling=m.job.sampling, eos_token_ids=m.loaded.eos_token_ids):
+                          sampling=m.job.sampling, eos_token_ids=m.loaded.eos_token_ids,
+                          plan_rows=m.plan_rows if name in m.budgets else None):
         pass
 
 

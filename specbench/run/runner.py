@@ -145,6 +145,7 @@ class Measurement:
             name: dataclasses.asdict(d.config) if dataclasses.is_dataclass(d.config) else {}
             for name, d in self.drafters.items()
         }
+        self.calibration = None  # drafting's cost measured in the warm-up (budget=auto)
         self.budgets = self._new_budgets()
 
     def _new_budgets(self) -> dict[str, Any]:
@@ -156,10 +157,10 @@ class Measurement:
         from specbench.budget.batch import BatchBudget
         from specbench.budget.planner import AutoBudget
 
-        feeds = get_method(self.job.method).AUX_FEEDS
+        feeds, calibration = get_method(self.job.method).AUX_FEEDS, self.calibration
         if self.job.batch_size == 1:
-            return {self.job.method: AutoBudget(self.cost, aux_feeds=feeds)}
-        self.plan_rows = BatchBudget(self.cost, aux_feeds=feeds)
+            return {self.job.method: AutoBudget(self.cost, aux_feeds=feeds, calibration=calibration)}
+        self.plan_rows = BatchBudget(self.cost, aux_feeds=feeds, calibration=calibration)
         return {self.job.method: self.plan_rows.planner()}
 
     def generate(self, name: str, ids: list[int], max_new: int, generator: torch.Generator) -> Any:
@@ -169,7 +170,8 @@ class Measurement:
 
     def warm_up(self) -> None:
         """``warmup`` short generations (batches at batch_size > 1) per method on the first prompt: nothing
-        recorded."""
+        recorded but, under budget=auto, the drafter's cost, the calibration every measured planner starts
+        from (:meth:`specbench.budget.worth.DraftWorth.calibrate`)."""
         warm, tokens = next(iter(self.prompts.values())), min(16, self.job.max_new_tokens)
         for name in self.job.methods:
             for _ in range(self.job.warmup):
@@ -177,6 +179,8 @@ class Measurement:
                     batched.warm_up(self, name, warm, tokens)
                 else:
                     self.generate(name, warm, tokens, self.generator("warmup", 0, 0))
+        if self.job.method in self.budgets:
+            self.calibration = self.budgets[self.job.method].worth.calibration()
 
     def generator(self, sample_id: str, turn: int, repeat: int) -> torch.Generator:
         return _generator(self.job.seed, sample_id, turn, repeat)

@@ -11,6 +11,7 @@ import torch
 
 from specbench.budget.batch import BatchBudget, RowShare, best_block, best_first
 from specbench.budget.costs import CostModel, batch_sizes, load_or_measure, measure_batch
+from specbench.budget.worth import DraftWorth
 from specbench.core.decode import Request, decode_batch, generate
 from specbench.core.draft import Draft, Drafter
 from specbench.core.forward import Target
@@ -128,9 +129,16 @@ def test_the_batched_curve_is_measured_and_joins_the_cached_one(tiny_llama, tmp_
 
 
 def test_a_batched_job_runs_budget_auto_with_the_outputs_of_batch_one(tmp_path, monkeypatch):
+    """… and at either batch size the measured planners start from the warm-up's drafting cost."""
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    calibrated = []
+    calibrate = DraftWorth.calibrate
+    monkeypatch.setattr(DraftWorth, "calibrate", lambda w, m, f: (calibrated.append(m), calibrate(w, m, f))[1])
     run(cfg_for(tmp_path / "b1", "method=spectra_core-cpu", "limit=3"))
+    assert calibrated[0] is None and calibrated[-1] is not None and calibrated[-1][1] > 0  # warm-up, then run
+    calibrated.clear()
     run(cfg_for(tmp_path / "b3", "method=spectra_core-cpu", "limit=3", "batch_size=3"))
+    assert calibrated[0] is None and calibrated[-1] is not None and calibrated[-1][1] > 0
     one, three = load_results(tmp_path / "b1"), load_results(tmp_path / "b3")
     keys = ["sample_id", "turn", "method"]
     merged = three.merge(one, on=keys, suffixes=("", "_b1"))

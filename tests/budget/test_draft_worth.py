@@ -114,3 +114,39 @@ def test_levels_that_cost_more_than_they_bring_are_not_drafted():
     later = [d for d in drafter.allowed[MIN_WARM:] if d >= 2]  # (the last steps' room is shorter)
     assert later.count(2) >= 0.7 * len(later) and 6 in drafter.allowed[:MIN_WARM]
     assert not any(planner.worth.capped)  # drafting itself pays
+
+
+def test_a_calibration_that_no_draft_could_pay_for_starts_without_drafting():
+    """Calibrated at 10 ms a level against a 2 ms forward (flat), no depth pays even if every guess is accepted:
+    drafting starts off and is only explored; at 0.1 ms a level it warms up and drafts as usual. Only the cost
+    is carried: no acceptance."""
+    flat = CostModel([1, 64], [0], [[0.002, 0.002]])
+    for per_level, drafts in ((0.01, False), (0.0001, True)):
+        measured = DraftWorth()
+        for depth in (3, 5, 4, 5):
+            measured.record(2, 0.002 + per_level * depth, 0.002, Draft.chain([1] * depth, "t"), depth,
+                            per_level * depth)
+        planner = AutoBudget(flat, explore_every=4, calibration=measured.calibration())
+        assert not planner.worth.tried  # acceptance starts empty
+        pattern = [planner.cap() != 0 for _ in range(6)]
+        assert pattern == ([True] * 6 if drafts else [False] * 3 + [True] + [False] * 2)
+        assert planner.spawn().worth.drafting == drafts  # a batch's other rows start from it too
+
+
+@pytest.mark.parametrize(("delay", "drafts"), [(0.03, False), (0.0, True)])
+def test_the_calibration_is_the_drafters_measured_time(delay, drafts):
+    """A warm-up generation with the slowed drafter measures its 30 ms a step; a planner calibrated from it
+    drafts nothing from the first step of the next generation, while the unslowed drafter's calibration
+    lets it draft every step. Outputs equal autoregressive decoding."""
+    target = Target(build("llama"))
+    prompt, n = [5, 17, 33, 2, 71, 9], 30
+    expected = generate(target, Drafter(vocab_size=0), prompt, max_new_tokens=n).output_ids
+    curve = CostModel([1, 64], [0], [[0.002, 0.0022]])
+    warm = AutoBudget(curve)
+    generate(target, Slowed(expected, delay), prompt, max_new_tokens=8, planner=warm)
+    measured = warm.worth.calibration()
+    assert measured is not None and (measured[0][1] >= delay / 2 if delay else measured[0][1] < 0.005)
+    planner, drafter = AutoBudget(curve, calibration=measured), Slowed(expected, delay)
+    rec = generate(target, drafter, prompt, max_new_tokens=n, planner=planner)
+    assert rec.output_ids == expected
+    assert (drafter.asked >= len(rec.step_tokens) - 2) if drafts else drafter.asked <= 1
