@@ -15,7 +15,7 @@ STAMP       := $(VENV)/.specbench-installed
 PYTEST      := $(PY) -m pytest -p no:cacheprovider
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo smoke smoke-experiments test test-slow slurm-test test-all gpu-check lint bench bench-stores bench-heads bench-retrieval clean train-acceptance-head train-eagle-head \
+.PHONY: help setup demo smoke smoke-experiments test test-slow test-data slurm-test test-all gpu-check lint bench bench-stores bench-heads bench-retrieval clean train-acceptance-head train-eagle-head \
         datastore datastore-refine memory_scopes batch_sweep spec_bench table1 table2 table3 table4 table5 table6 table7 figures report reproduce-cpu
 
 # Paper reproduction. Sweeps write <RESULTS>/<experiment>/; reports go to <REPORTS>/ (Markdown, LaTeX,
@@ -71,10 +71,15 @@ smoke: setup ## a seconds-long end-to-end run on a random tiny model
 	$(PY) run.py experiment=smoke
 
 test: setup ## the fast test suite
-	$(PYTEST) -m "not slow" -q
+	$(PYTEST) -m "not slow and not data" -q
 
-test-slow: setup ## the slow tests (real models over many prompts, real datasets)
-	$(PYTEST) -m "slow and not slurm" -q
+test-slow: setup ## the slow tests (real models over many prompts)
+	$(PYTEST) -m "slow and not slurm and not data" -q
+
+DATA_DIR ?=
+test-data: setup ## the tests that read public dataset copies: DATA_DIR=<folder with gsm8k_test.jsonl, humaneval.jsonl, mtbench_questions.jsonl, classeval.json, spec_bench_questions.jsonl>
+	@[ -n "$(DATA_DIR)" ] || { echo "make test-data DATA_DIR=<folder with the public dataset copies>"; exit 2; }
+	SPECBENCH_DATA_DIR=$(abspath $(DATA_DIR)) $(PYTEST) -m data -q
 
 SLURM_PKGS := slurmctld slurmd slurm-client munge
 slurm-test: setup ## sweeps through hydra/launcher=slurm on a throw-away one-node SLURM cluster (~5 min; installs SLURM as root)
@@ -85,8 +90,8 @@ slurm-test: setup ## sweeps through hydra/launcher=slurm on a throw-away one-nod
 	  { echo "error: make slurm-test needs SLURM and munge: sudo apt-get install $(SLURM_PKGS)" >&2; exit 2; }
 	$(PYTEST) -m slurm tests/slurm -q
 
-test-all: setup ## every test but the SLURM ones (make slurm-test)
-	$(PYTEST) -m "not slurm" -q
+test-all: setup ## every test but the SLURM ones (make slurm-test); the data tests too with DATA_DIR=<folder>
+	$(if $(DATA_DIR),SPECBENCH_DATA_DIR=$(abspath $(DATA_DIR))) $(PYTEST) -m "not slurm$(if $(DATA_DIR),, and not data)" -q
 
 gpu-check: setup ## the GPU paths checked on this machine's CUDA GPU, offline (random-weight 7B/8B shapes; < 10 min)
 	$(PY) -m specbench.gpu_check

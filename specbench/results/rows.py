@@ -137,6 +137,7 @@ def make_row(
         "drafted_by_source": _counter_json(record.drafted_by_source),
         "accepted_by_source": _counter_json(record.accepted_by_source),
         "accepted_by_position": _counter_json(record.accepted_by_position),
+        "token_sources": [str(s) for s in record.token_sources],
         "draft_overhead_s": float(sum(record.step_draft_s)),
         "lookup_s": float(sum(record.step_lookup_s)),
         "step_lookup_s": [float(t) for t in record.step_lookup_s],

@@ -7,6 +7,7 @@ import pytest
 
 from specbench.core.decode import generate
 from specbench.core.draft import Draft, Drafter
+from specbench.core.forward import Target
 from tests.lossless import BigramTarget
 
 PAUSE = 0.03
@@ -87,3 +88,27 @@ def test_the_core_refuses_a_malformed_draft_naming_the_method(make, why):
         generate(BigramTarget(), make(vocab_size=8), [1, 2, 3], max_new_tokens=5)
     well_formed = generate(BigramTarget(), SlowUpdate(BigramTarget()), [1, 2, 3], max_new_tokens=3)
     assert well_formed.new_tokens == 3
+
+
+def test_every_output_token_names_who_produced_it():
+    """token_sources: one per output token; a step's accepted guesses carry their drafter's source, then the
+    target's own token; steps without guesses are all the target's (at batch size 1 and in a batch)."""
+    from specbench.core.decode import Request, decode_batch
+    from specbench.core.record import TARGET_TOKEN
+    from tests.core.test_batch import Script
+    from tests.core.test_tree_forward import build
+
+    target = Target(build("llama"))
+    prompt = [5, 17, 33, 2, 71, 9]
+    expected = generate(target, Drafter(vocab_size=0), prompt, max_new_tokens=30).output_ids
+    solo = generate(target, Script(expected), prompt, max_new_tokens=30)
+    queue = [Request(prompt, 30, Script(expected)), Request(prompt, 30, Drafter(vocab_size=0))]
+    batched = [rec for _, rec in decode_batch(target, lambda: queue.pop() if queue else None, batch_size=2)]
+    for rec in (solo, *batched):
+        assert len(rec.token_sources) == len(rec.output_ids)
+        at = 0
+        for n, accepted in zip(rec.step_tokens, rec.step_accepted, strict=True):
+            step = rec.token_sources[at : at + n]
+            assert step[:accepted] == ["t"] * accepted and set(step[accepted:]) <= {TARGET_TOKEN}
+            at += n
+    assert solo.token_sources.count("t") == sum(solo.step_accepted) > 0

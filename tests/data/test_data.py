@@ -28,7 +28,6 @@ from specbench.data.quality import final_number, run_program
 from specbench.errors import DatasetUnavailableError, UnknownNameError
 
 REPO = Path(__file__).resolve().parents[2]
-SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 PAPER_SETS = ["mtbench", "gsm8k", "humaneval", "mbpp", "classeval", "cnn_dailymail", "xsum"]
 
 CHAT_TEMPLATE = (
@@ -683,7 +682,7 @@ def test_pass_at_1_runs_tests_in_a_subprocess():
     assert run_program("while True:\n    pass\n", timeout=1.0) is False
 
 
-# ---------------------------------------------------------------- the shared copies
+# ---------------------------------------------------------------- the public copies (make test-data)
 
 
 SHARED_FILES = {
@@ -695,12 +694,12 @@ SHARED_FILES = {
 }
 
 
+@pytest.mark.data
 @pytest.mark.parametrize("name", sorted(SHARED_FILES))
-def test_shared_data_copies_load(name):
+def test_shared_data_copies_load(name, public_data):
     fname, count = SHARED_FILES[name]
-    path = SHARED_DATA / fname
-    if not path.is_file():
-        pytest.skip(f"shared data copy {fname} not present beside the repo")
+    path = public_data / fname
+    assert path.is_file(), f"no {fname} in {public_data}"
     samples = get_dataset(name).load({"path": str(path)})
     assert len(samples) == count and len({s.sample_id for s in samples}) == count
     assert all(s.turns and all(t.strip() for t in s.turns) for s in samples)
@@ -721,15 +720,14 @@ def _smollm2_tokenizer():
 
 
 @pytest.mark.slow
-def test_shared_sets_three_samples_with_smollm2():
-    """Three samples of each shared set, every turn's prompt built with SmolLM2's tokenizer and chat template."""
-    if not SHARED_DATA.is_dir():
-        pytest.skip("../shared/data is not present beside the repo")
+@pytest.mark.data
+def test_shared_sets_three_samples_with_smollm2(public_data):
+    """Three samples of each public set, every turn's prompt built with SmolLM2's tokenizer and chat template."""
     tok = _smollm2_tokenizer()
     start = tok.convert_tokens_to_ids("<|im_start|>")
     for name, (fname, _) in sorted(SHARED_FILES.items()):
         d = get_dataset(name)
-        samples = select(d.load({"path": str(SHARED_DATA / fname)}), limit=3, offset=0, shuffle=True, seed=0)
+        samples = select(d.load({"path": str(public_data / fname)}), limit=3, offset=0, shuffle=True, seed=0)
         assert len(samples) == 3
         for s in samples:
             answers: list[str] = []

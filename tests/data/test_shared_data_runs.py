@@ -1,6 +1,4 @@
-"""Slow: SmolLM2 over 3 samples of each public data copy beside the project, read through dataset.path."""
-
-from pathlib import Path
+"""Slow: SmolLM2 over 3 samples of each public data copy ($SPECBENCH_DATA_DIR), read through dataset.path."""
 
 import pytest
 
@@ -8,7 +6,6 @@ from specbench.results.rows import load_results
 from specbench.run.runner import run
 from tests.run.test_config import make_cfg
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 SETS = {
     "gsm8k": "gsm8k_test.jsonl",
     "classeval": "classeval.json",
@@ -19,11 +16,11 @@ SETS = {
 
 
 @pytest.mark.slow
+@pytest.mark.data
 @pytest.mark.parametrize("dataset", list(SETS))
-def test_three_samples_of_each_shared_set(dataset, tmp_path):
-    path = DATA / SETS[dataset]
-    if not path.exists():
-        pytest.skip(f"no local copy at {path.name}")
+def test_three_samples_of_each_shared_set(dataset, tmp_path, public_data):
+    path = public_data / SETS[dataset]
+    assert path.is_file(), f"no {path.name} in {public_data}"
     cfg = make_cfg(
         f"dataset={dataset}",
         f"dataset.path={path}",
