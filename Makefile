@@ -15,7 +15,7 @@ STAMP       := $(VENV)/.specbench-installed
 PYTEST      := $(PY) -m pytest -p no:cacheprovider
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo smoke smoke-experiments test test-slow test-data slurm-test test-all gpu-check lint bench bench-stores bench-heads bench-retrieval clean train-acceptance-head train-eagle-head \
+.PHONY: help setup demo smoke smoke-experiments test test-slow test-data slurm-test site site-test test-all gpu-check lint bench bench-stores bench-heads bench-retrieval clean train-acceptance-head train-eagle-head \
         datastore datastore-refine memory_scopes batch_sweep spec_bench table1 table2 table3 table4 table5 table6 table7 figures report reproduce-cpu
 
 # Paper reproduction. Sweeps write <RESULTS>/<experiment>/; reports go to <REPORTS>/ (Markdown, LaTeX,
@@ -71,10 +71,10 @@ smoke: setup ## a seconds-long end-to-end run on a random tiny model
 	$(PY) run.py experiment=smoke
 
 test: setup ## the fast test suite
-	$(PYTEST) -m "not slow and not data" -q
+	$(PYTEST) -m "not slow and not data and not browser" -q
 
 test-slow: setup ## the slow tests (real models over many prompts)
-	$(PYTEST) -m "slow and not slurm and not data" -q
+	$(PYTEST) -m "slow and not slurm and not data and not browser" -q
 
 DATA_DIR ?=
 test-data: setup ## the tests that read public dataset copies: DATA_DIR=<folder with gsm8k_test.jsonl, humaneval.jsonl, mtbench_questions.jsonl, classeval.json, spec_bench_questions.jsonl>
@@ -91,7 +91,7 @@ slurm-test: setup ## sweeps through hydra/launcher=slurm on a throw-away one-nod
 	$(PYTEST) -m slurm tests/slurm -q
 
 test-all: setup ## every test but the SLURM ones (make slurm-test); the data tests too with DATA_DIR=<folder>
-	$(if $(DATA_DIR),SPECBENCH_DATA_DIR=$(abspath $(DATA_DIR))) $(PYTEST) -m "not slurm$(if $(DATA_DIR),, and not data)" -q
+	$(if $(DATA_DIR),SPECBENCH_DATA_DIR=$(abspath $(DATA_DIR))) $(PYTEST) -m "not slurm and not browser$(if $(DATA_DIR),, and not data)" -q
 
 gpu-check: setup ## the GPU paths checked on this machine's CUDA GPU, offline (random-weight 7B/8B shapes; < 10 min)
 	$(PY) -m specbench.gpu_check
@@ -159,6 +159,19 @@ smoke-experiments: setup ## every experiment's smoke variant (tiny model, second
 	$(PY) -m specbench.report --results results/smoke --out reports/smoke
 	$(PY) -m specbench.report batch_sweep --results results/smoke --out reports/smoke/batch_sweep
 	$(PY) -m specbench.report spec_bench --results results/smoke --out reports/smoke/spec_bench
+
+site: setup ## the results site from RESULTS (default results): $(REPORTS)/site/index.html, opens from file://
+	$(PY) -m specbench.report site --results $(RESULTS) --out $(REPORTS)/site $(if $(PAPER_DIR),--paper-dir $(PAPER_DIR))
+
+SITE_PKGS := chromium chromium-driver
+site-test: setup ## the site in headless Chromium (Debian's; installed as root if missing) on the smoke results; screenshots in reports/site-test
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && echo "installing $(SITE_PKGS) (apt-get)" && \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SITE_PKGS) >/dev/null; } || \
+	  { echo "site-test needs Chromium and its driver: apt-get install $(SITE_PKGS) (as root)"; exit 2; }
+	$(PY) -c "import selenium" 2>/dev/null || $(PIP) install "selenium>=4.20"
+	[ -d results/smoke/table1 ] || $(MAKE) smoke-experiments
+	$(PYTEST) -m browser -q tests/site
 
 SPEC_BENCH_QUESTIONS ?=
 spec_bench: setup ## Spec-Bench's leaderboard: its 480 questions on Vicuna-7B (GPU), every method vs autoregressive, 3 runs; SPEC_BENCH_QUESTIONS=<question.jsonl>

@@ -30,7 +30,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("what", nargs="*", default=["all"],
                         help="table1 … table7, figure3, figure4, figure6, tables, figures or all (default); "
-                             "memory_scopes, spec_bench (Spec-Bench's leaderboard layout; not paper tables)")
+                             "memory_scopes, spec_bench (Spec-Bench's leaderboard layout; not paper tables); "
+                             "site (the results site: one folder, opens from file://; --out default reports/site)")
     parser.add_argument("--results", default="results", help="results folder (default: results)")
     parser.add_argument("--out", default="reports", help="output folder (default: reports)")
     parser.add_argument("--paper-dir", default=None,
@@ -39,7 +40,19 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="folder of Spec-Bench's leaderboard.csv (default: spec_bench_dir in conf/config.yaml)")
     parser.add_argument("--compare-model", action="append", default=[], metavar="MODEL=CODE",
                         help="set a model of ours beside a paper model, e.g. smollm2-135m=L2-7B")
+    parser.add_argument("--limit", type=int, default=None,
+                        help="site: how many generations the token view carries (default 400)")
     args = parser.parse_args(argv)
+    if "site" in args.what:
+        if args.what != ["site"]:
+            parser.error("site is written alone: python -m specbench.report site --results <folder> --out <folder>")
+        from specbench.tables.site import MAX_GENERATIONS, write_site
+
+        out = args.out if args.out != "reports" else "reports/site"
+        with one_line_errors():
+            print(write_site(args.results, out, args.paper_dir, args.spec_bench_dir, _compare(args.compare_model),
+                             args.limit or MAX_GENERATIONS))
+        return
     with one_line_errors():
         paths = write_report(args.what, args.results, args.out, args.paper_dir, _compare(args.compare_model),
                              args.spec_bench_dir)
