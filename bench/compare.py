@@ -78,7 +78,8 @@ from specbench.stores.datastore import Datastore
 from specbench.stores.naming import RANDOM_SUFFIX
 
 DEFAULT_METHODS = ["pld", "anpd", "lookahead-cpu", "lookahead", "spectra_core-cpu", "spectra_core"]
-DEFAULT_STORES = {"humaneval": "stdlib", "mbpp": "stdlib", "classeval": "stdlib", "mtbench": "chat", "gsm8k": "chat"}
+DEFAULT_STORES = {"humaneval": "stdlib", "mbpp": "stdlib", "classeval": "stdlib", "mtbench": "chat", "gsm8k": "chat",
+                  "spec_bench": "chat"}
 
 
 def preset(name: str, run_cfg=None, store: str | None = None):
@@ -185,7 +186,7 @@ def speedups(t: Tally, base: Tally) -> dict[str, float]:
 
 
 def bench(loaded, prompts, presets: list[str], max_new: int, run_cfg=None, store=None, cost=None,
-          sampling: SamplingParams | None = None, repeats: int = 1) -> dict[str, Tally]:
+          sampling: SamplingParams | None = None, repeats: int = 1, hf_pld: bool = True) -> dict[str, Tally]:
     target = Target(loaded.model)
     eos = loaded.eos_token_ids
     sampling = sampling or SamplingParams()
@@ -215,7 +216,7 @@ def bench(loaded, prompts, presets: list[str], max_new: int, run_cfg=None, store
         return rec.output_ids, rec, time.perf_counter() - start
 
     # transformers' prompt lookup decodes greedily only
-    names = list(drafters) + (["hf_pld"] if sampling.greedy else [])
+    names = list(drafters) + (["hf_pld"] if sampling.greedy and hf_pld else [])
     for name in names:  # warm-up, not recorded
         once(name, prompts[0], 16, 0)
     tallies = {name: Tally() for name in names}
@@ -281,6 +282,7 @@ def main() -> None:
                     "and repeat, the same draws for every method)")
     ap.add_argument("--repeats", type=int, default=1, help="measure every prompt this many times (each repeat "
                     "replicates the run); speedups then show ±their spread over repeats")
+    ap.add_argument("--no-hf-pld", action="store_true", help="leave out transformers' prompt lookup")
     ap.add_argument("--stores", nargs="*", default=[], help="DATASET=STORE: the store retrieval presets read")
     ap.add_argument("--flat-cost", action="store_true",
                     help="<preset>:auto plans with a flat (GPU-like) cost curve instead of this machine's")
@@ -332,7 +334,7 @@ def main() -> None:
             )
             try:
                 tallies = bench(loaded, prompts, args.methods, args.max_new_tokens, run_cfg, stores.get(name), cost,
-                                sampling, args.repeats)
+                                sampling, args.repeats, not args.no_hf_pld)
             except ConfigError as err:  # a store that is missing or overlaps these prompts
                 print(f"(skipping {name}: {err})")
                 continue
