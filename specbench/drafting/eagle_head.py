@@ -6,11 +6,17 @@
   reads it directly. The feature is the target's last hidden state after its final norm
   (``output_hidden_states`` index -1).
 * **EAGLE-3** (``kind: eagle3``): the target's states at the inputs of layers 2, L/2 and L-3 (hidden-state
-  indices ``[2, L // 2, L - 3]``) are concatenated and fused by ``fc`` (3H → H, no bias); the layer
+  indices ``[2, L // 2, L - 3]``, or those its config names in ``eagle_aux_hidden_state_layer_ids``) are
+  concatenated and fused by ``fc`` (3 × ``target_hidden_size`` → H, no bias); the layer
   (``midlayer``) normalises the embedding and the feature apart (``input_layernorm``, ``hidden_norm``),
-  attends over their concatenation (2H → H), adds the feature back; ``norm`` and its own ``lm_head`` give
+  attends over their concatenation (2H → H), adds the feature back (the normed one with
+  ``norm_before_residual``); ``norm`` and its own ``lm_head`` give
   logits over a reduced draft vocabulary, mapped to the target's by ``d2t`` (target id = draft id +
   ``d2t[draft id]``). Deeper draft steps feed the layer's own output back (no ``fc``).
+
+Refused, each in one line: a draft vocabulary smaller than the target's without ``d2t``; a head whose layer
+is not as wide as the target's states (``hidden_size`` ≠ ``target_hidden_size``: it would embed tokens with a
+table of its own); layer ids the target has no layer input for; another model's head.
 
 Positions are rotated as the config says: plain RoPE at ``rope_theta``, or a ``rope_scaling`` (``rope_parameters``)
 of any type transformers knows (``linear`` and ``dynamic`` as EAGLE's reference applies them, ``llama3``, ``yarn``…).
@@ -62,11 +68,16 @@ class HeadConfig:
     head_dim: int = 0
     rope_scaling: dict | None = None  # transformers' rope_scaling ({"rope_type" or "type": …, "factor": …})
     max_position_embeddings: int = 2048  # what ``dynamic`` scaling measures positions against
+    aux_layers: tuple[int, ...] = ()  # EAGLE-3's hidden-state indices when its config names them (else 2, L/2, L-3)
+    target_hidden_size: int = 0  # the width of the target's states ``fc`` reads (0: hidden_size)
+    norm_before_residual: bool = False  # EAGLE-3: the residual is the normed feature (speculators' option)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ConfigError(f"eagle head: kind must be one of {', '.join(KINDS)}, got '{self.kind}'")
         self.head_dim = self.head_dim or self.hidden_size // self.num_attention_heads
+        self.aux_layers = tuple(int(i) for i in self.aux_layers or ())
+        self.target_hidden_size = self.target_hidden_size or self.hidden_size
         self.rope_scaling = scaling_of(self.rope_scaling)
         if self.rope_scaling is not None:
             from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
@@ -92,7 +103,9 @@ class HeadConfig:
                    rope_scaling=dict(rope), max_position_embeddings=getattr(c, "max_position_embeddings", 2048))
 
     def feature_layers(self) -> tuple[int, ...]:
-        return eagle3_layers(self.target_layers) if self.kind == "eagle3" else (-1,)
+        if self.kind != "eagle3":
+            return (-1,)
+        return self.aux_layers or eagle3_layers(self.target_layers)
 
     def to_json(self) -> dict:
         """``config.json`` as the reference writes it (a one-layer Llama config) plus what it leaves implicit."""
@@ -107,6 +120,11 @@ class HeadConfig:
             out["rope_scaling"] = self.rope_scaling
         if self.kind == "eagle3":
             out["draft_vocab_size"] = self.draft_vocab_size or self.vocab_size
+            out["target_hidden_size"] = self.target_hidden_size
+            if self.aux_layers:
+                out["eagle_aux_hidden_state_layer_ids"] = list(self.aux_layers)
+            if self.norm_before_residual:
+                out["norm_before_residual"] = True
         return out
 
     @classmethod
@@ -123,7 +141,20 @@ class HeadConfig:
                    bias=data.get("bias", True), vocab_size=data.get("vocab_size", 0),
                    draft_vocab_size=data.get("draft_vocab_size", 0) if kind == "eagle3" else 0,
                    target_layers=data.get("target_num_hidden_layers", target_layers),
-                   head_dim=data.get("head_dim") or 0)
+                   head_dim=data.get("head_dim") or 0, aux_layers=aux_layers_of(data) if kind == "eagle3" else (),
+                   target_hidden_size=data.get("target_hidden_size") or 0,
+                   norm_before_residual=bool(data.get("norm_before_residual", False)))
+
+
+def aux_layers_of(data: dict) -> tuple[int, ...]:
+    """The hidden-state indices (``output_hidden_states``' numbering: index i is layer i's input) an EAGLE-3
+    config names. A top-level ``eagle_aux_hidden_state_layer_ids`` is read as vLLM reads it (those indices);
+    one inside ``eagle_config`` (SpecForge's, for SGLang) as SGLang reads it: layer outputs (index + 1) when
+    its first id is 1, else indices."""
+    if data.get("eagle_aux_hidden_state_layer_ids"):
+        return tuple(int(i) for i in data["eagle_aux_hidden_state_layer_ids"])
+    ids = [int(i) for i in (data.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or []]
+    return tuple(i + 1 for i in ids) if ids and ids[0] == 1 else tuple(ids)
 
 
 class RMSNorm(nn.Module):
@@ -269,6 +300,7 @@ class Layer(nn.Module):
     def __init__(self, c: HeadConfig) -> None:
         super().__init__()
         three = c.kind == "eagle3"
+        self.norm_before_residual = three and c.norm_before_residual
         self.self_attn = Attention(c, 2 * c.hidden_size if three else c.hidden_size)
         self.mlp = MLP(c)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
@@ -277,8 +309,11 @@ class Layer(nn.Module):
             self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
     def forward(self, hidden: torch.Tensor, embeds: torch.Tensor | None, positions, cache, visible) -> torch.Tensor:
-        residual = hidden
-        x = hidden if embeds is None else torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], -1)
+        residual, x = hidden, hidden
+        if embeds is not None:
+            normed = self.hidden_norm(hidden)
+            residual = normed if self.norm_before_residual else hidden
+            x = torch.cat([self.input_layernorm(embeds), normed], -1)
         hidden = residual + self.self_attn(x, positions, cache, visible)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
@@ -295,7 +330,7 @@ class EagleHead(nn.Module):
             self.fc = nn.Linear(2 * h, h, bias=c.bias)
             self.layers = nn.ModuleList([Layer(c)])
         else:
-            self.fc = nn.Linear(3 * h, h, bias=False)
+            self.fc = nn.Linear(len(c.feature_layers()) * c.target_hidden_size, h, bias=False)
             self.midlayer = Layer(c)
             self.norm = RMSNorm(h, c.rms_norm_eps)
             dv = c.draft_vocab_size or c.vocab_size
@@ -355,25 +390,40 @@ def read_state(directory: Path) -> dict[str, torch.Tensor]:
 
 
 def load_head(directory: Path, target_config) -> EagleHead:
-    """A head saved by :func:`save_head` or published by EAGLE's authors, checked against the target."""
+    """A head saved by :func:`save_head` or published by EAGLE's authors, checked against the target. What it
+    cannot read rightly it refuses in one line."""
     directory = Path(directory)
     cfg_path = directory / "config.json"
     if not cfg_path.is_file():
         raise ConfigError(f"eagle head: no config.json in {directory}")
     tc = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
     data = json.loads(cfg_path.read_text())
-    c = HeadConfig.from_json(data, tc.num_hidden_layers)
-    if c.hidden_size != tc.hidden_size or (c.vocab_size and c.vocab_size != tc.vocab_size):
+    c, state = HeadConfig.from_json(data, tc.num_hidden_layers), read_state(directory)
+    if c.target_hidden_size != tc.hidden_size or (c.vocab_size and c.vocab_size != tc.vocab_size):
         raise ConfigError(
-            f"eagle head in {directory} is for another model (hidden {c.hidden_size}, vocabulary {c.vocab_size}; "
-            f"the target has {tc.hidden_size} and {tc.vocab_size}): use the head trained for this target")
+            f"eagle head in {directory} is for another model (hidden {c.target_hidden_size}, vocabulary "
+            f"{c.vocab_size}; the target has {tc.hidden_size} and {tc.vocab_size}): use the head trained for this target")
+    if c.hidden_size != tc.hidden_size:
+        raise ConfigError(
+            f"eagle head in {directory}: its layer is {c.hidden_size} wide over the target's {tc.hidden_size}-wide "
+            f"states (target_hidden_size): heads of another width than the target are not read; use one of the "
+            f"target's width")
     c.vocab_size, c.target_layers = tc.vocab_size, tc.num_hidden_layers
+    if any(not 0 <= i < tc.num_hidden_layers for i in c.aux_layers):  # L: the final state, before the norm
+        raise ConfigError(
+            f"eagle head in {directory}: eagle_aux_hidden_state_layer_ids {list(c.aux_layers)} name states the "
+            f"target ({tc.num_hidden_layers} layers) has no input of a layer for: use the head trained for this target")
     head = EagleHead(c)
-    state = {k: v for k, v in read_state(directory).items() if not k.startswith("embed_tokens")}
+    state = {k: v for k, v in state.items() if not k.startswith("embed_tokens")}
     if c.kind == "eagle3":
         state.pop("t2d", None)
-        if "d2t" not in state:  # a head whose vocabulary is the target's
-            state["d2t"] = torch.zeros(head.lm_head.out_features, dtype=torch.long)
+        if "d2t" not in state:
+            if head.lm_head.out_features != c.vocab_size:
+                raise ConfigError(
+                    f"eagle head in {directory}: its draft vocabulary ({head.lm_head.out_features} of the target's "
+                    f"{c.vocab_size}) comes without d2t in its weights: add the draft-to-target map (d2t) it was "
+                    f"trained with")
+            state["d2t"] = torch.zeros(head.lm_head.out_features, dtype=torch.long)  # draft ids are target ids
     missing, unexpected = head.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise ConfigError(f"eagle head in {directory}: weights do not match its config.json "
