@@ -390,15 +390,21 @@ def read_state(directory: Path) -> dict[str, torch.Tensor]:
 
 
 def load_head(directory: Path, target_config) -> EagleHead:
-    """A head saved by :func:`save_head` or published by EAGLE's authors, checked against the target. What it
-    cannot read rightly it refuses in one line."""
+    """A head saved by :func:`save_head`, published by EAGLE's authors or in the ``speculators`` layout (vLLM's;
+    :mod:`specbench.drafting.speculators_format`), checked against the target. What it cannot read rightly it
+    refuses in one line."""
     directory = Path(directory)
     cfg_path = directory / "config.json"
     if not cfg_path.is_file():
         raise ConfigError(f"eagle head: no config.json in {directory}")
     tc = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
     data = json.loads(cfg_path.read_text())
-    c, state = HeadConfig.from_json(data, tc.num_hidden_layers), read_state(directory)
+    if "speculators_model_type" in data:
+        from specbench.drafting.speculators_format import read_speculators
+
+        c, state = read_speculators(directory, data, tc.num_hidden_layers)
+    else:
+        c, state = HeadConfig.from_json(data, tc.num_hidden_layers), read_state(directory)
     if c.target_hidden_size != tc.hidden_size or (c.vocab_size and c.vocab_size != tc.vocab_size):
         raise ConfigError(
             f"eagle head in {directory} is for another model (hidden {c.target_hidden_size}, vocabulary "

@@ -1,4 +1,5 @@
-"""EAGLE heads' format questions, each answered or refused in one line."""
+"""EAGLE heads' format questions, each answered or refused in one line, and the speculators layout (vLLM's)
+read into the same head: a random head written in both layouts computes and drafts the same."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from methods.eagle import Eagle, EagleConfig
 from methods.eagle3 import Eagle3, Eagle3Config
+from specbench.core.decode import generate
 from specbench.core.forward import Target
 from specbench.drafting.eagle_head import EagleHead, HeadConfig, load_head, save_head
 from specbench.errors import ConfigError
@@ -108,7 +111,72 @@ def test_the_drafter_reads_the_layers_its_head_names(tiny_llama, tmp_path):
     assert_greedy_lossless(Target(tiny_llama.model), make, [[5, 6, 7, 8]], 12)
 
 
-# ----------------------------------------------------------------------------- norm placement
+# ----------------------------------------------------------------------------- the speculators layout
+
+
+def write_speculators(head: EagleHead, directory, *, embed: torch.Tensor | None = None) -> None:
+    """A head as the speculators library saves it: its config (the draft layer's Llama config nested) and its
+    own key names (EAGLE-1/2: ``fusion_fc``, ``transformer``; EAGLE-3: ``layers.0``, ``t2d``)."""
+    c = head.c
+    directory.mkdir(parents=True)
+    layer = {"model_type": "llama", "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
+             "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
+             "num_hidden_layers": 1, "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta,
+             "max_position_embeddings": c.max_position_embeddings, "vocab_size": c.vocab_size}
+    cfg = {"speculators_model_type": c.kind, "architectures": ["EagleSpeculator" if c.kind == "eagle" else
+                                                               "Eagle3Speculator"],
+           "transformer_layer_config": layer, "speculators_version": "0.1.0",
+           "speculators_config": {"algorithm": c.kind, "default_proposal_method": "greedy"}}
+    state = {}
+    for key, value in head.state_dict().items():
+        if c.kind == "eagle":
+            key = key.replace("fc.", "fusion_fc.", 1) if key.startswith("fc.") else key.replace("layers.0.",
+                                                                                                  "transformer.", 1)
+        else:
+            key = key.replace("midlayer.", "layers.0.", 1)
+        state[key] = value.detach().clone().contiguous()
+    if c.kind == "eagle":
+        cfg.update(fusion_bias=c.bias, layernorms=False)
+    else:
+        cfg.update(draft_vocab_size=head.lm_head.out_features, norm_before_residual=c.norm_before_residual,
+                   target_hidden_size=c.target_hidden_size)
+        if c.aux_layers:
+            cfg["eagle_aux_hidden_state_layer_ids"] = list(c.aux_layers)
+        t2d = torch.zeros(c.vocab_size, dtype=torch.bool)
+        t2d[head.to_target_ids(torch.arange(head.lm_head.out_features))] = True
+        state["t2d"] = t2d
+    if embed is not None:
+        state["embed_tokens.weight"] = embed
+    (directory / "config.json").write_text(json.dumps(cfg))
+    save_file(state, str(directory / "model.safetensors"))
+
+
+def _both_layouts(head: EagleHead, tmp_path, tc):
+    save_head(head, tmp_path / "eagle")
+    write_speculators(head, tmp_path / "speculators", embed=torch.randn(head.c.vocab_size, head.c.hidden_size))
+    return load_head(tmp_path / "eagle", tc), load_head(tmp_path / "speculators", tc)
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_a_speculators_head_computes_what_the_same_head_in_eagles_layout_does(kind, tmp_path):
+    extra = {"draft_vocab_size": 4, "aux_layers": (1, 3, 4), "norm_before_residual": True} if kind == "eagle3" \
+        else {"bias": False, "num_key_value_heads": 4}
+    head = _random(EagleHead(tiny_config(kind, **extra)))
+    if kind == "eagle3":
+        head.d2t.copy_(torch.tensor([1, 1, 2, 4]))
+    ours, theirs = _both_layouts(head, tmp_path, target_config())
+    assert theirs.c.kind == kind and theirs.feature_layers == ours.feature_layers == head.feature_layers
+    assert theirs.c.bias == ours.c.bias and theirs.c.norm_before_residual == ours.c.norm_before_residual
+    x, e, pos = torch.randn(5, HIDDEN), torch.randn(5, HIDDEN), torch.arange(5)
+    lm = torch.nn.Linear(HIDDEN, SMALL_VOCAB, bias=False)
+    with torch.no_grad():
+        want = ours(x, e, pos)
+        assert torch.equal(theirs(x, e, pos), want) and torch.equal(want, head(x, e, pos))
+        assert torch.equal(theirs.logits(want, lm), ours.logits(want, lm))
+        if kind == "eagle3":
+            feats = {i: torch.randn(5, HIDDEN) for i in head.feature_layers}
+            assert torch.equal(theirs.fuse(feats), ours.fuse(feats))
+            assert theirs.to_target_ids(torch.arange(4)).tolist() == [1, 2, 4, 7]
 
 
 def test_norm_before_residual_changes_what_the_layer_adds_back():
@@ -118,3 +186,55 @@ def test_norm_before_residual_changes_what_the_layer_adds_back():
     x, e = torch.randn(3, HIDDEN) * 5, torch.randn(3, HIDDEN)
     with torch.no_grad():
         assert not torch.allclose(head(x, e, torch.arange(3)), other(x, e, torch.arange(3)))
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_a_speculators_head_drafts_the_same_trees(kind, tiny_llama, tmp_path):
+    c = HeadConfig.for_target(kind, tiny_llama.model.config, draft_vocab_size=32 if kind == "eagle3" else 0)
+    if kind == "eagle3":
+        c.aux_layers, c.norm_before_residual = (1, 0, 1), True
+    else:
+        c.bias = False  # speculators' EAGLE-1/2 default (fusion_bias: false)
+    head = _random(EagleHead(c), seed=1)
+    if kind == "eagle3":
+        head.d2t.copy_(torch.arange(32) * 3 - torch.arange(32))  # target ids 0, 3, 6, …
+    tc = tiny_llama.model.config
+    save_head(head, tmp_path / "eagle")
+    write_speculators(head, tmp_path / "speculators")
+    cls, config_cls = (Eagle, EagleConfig) if kind == "eagle" else (Eagle3, Eagle3Config)
+    target = Target(tiny_llama.model)
+    trees = []
+    for layout in ("eagle", "speculators"):
+        assert load_head(tmp_path / layout, tc).c.kind == kind
+        drafter = eagle_drafter(tiny_llama, tmp_path / layout, cls, config_cls, depth=3, top_k=3, total_tokens=8)()
+        seen, propose = [], drafter.propose
+
+        def record(state, propose=propose, seen=seen):
+            draft = propose(state)
+            seen.append(None if draft is None else (draft.tokens, draft.parents))
+            return draft
+
+        drafter.propose = record
+        rec = generate(target, drafter, [5, 6, 7, 8, 9], max_new_tokens=10)
+        trees.append((seen, rec.output_ids))
+    assert trees[0] == trees[1] and any(t is not None for t in trees[0][0])
+
+
+def test_speculators_heads_we_do_not_read_are_refused(tmp_path):
+    head = _random(EagleHead(tiny_config("eagle3", draft_vocab_size=4)))
+    write_speculators(head, tmp_path / "h")
+    path = tmp_path / "h" / "config.json"
+    cfg = json.loads(path.read_text())
+    for change, message in [({"speculators_model_type": "mlp_speculator"}, "speculators_model_type 'mlp_speculator'"),
+                            ({"norm_before_fc": True}, "norm_before_fc"),
+                            ({"transformer_layer_config": {**cfg["transformer_layer_config"], "model_type": "qwen3"}},
+                             "draft layer is 'qwen3'"),
+                            ({"transformer_layer_config": {**cfg["transformer_layer_config"], "num_hidden_layers": 2}},
+                             "2 draft layers")]:
+        path.write_text(json.dumps({**cfg, **change}))
+        with pytest.raises(ConfigError, match=message):
+            load_head(tmp_path / "h", target_config())
+    path.write_text(json.dumps(cfg))
+    _drop_d2t(tmp_path / "h")
+    with pytest.raises(ConfigError, match="without d2t"):
+        load_head(tmp_path / "h", target_config())

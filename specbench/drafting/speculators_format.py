@@ -1,0 +1,90 @@
+"""EAGLE and EAGLE-3 heads in the ``speculators`` layout (what vLLM reads; many hub heads are published so).
+
+``config.json`` says ``speculators_model_type`` (``eagle`` or ``eagle3``) and carries the draft layer's Llama
+config in ``transformer_layer_config`` (written as a difference from ``LlamaConfig``'s defaults, so those fill
+what it leaves out; its ``vocab_size`` is the target's). EAGLE-3 adds ``draft_vocab_size``,
+``norm_before_residual``, ``target_hidden_size`` and ``eagle_aux_hidden_state_layer_ids`` (hidden-state
+indices as vLLM numbers them: index i is layer i's input); EAGLE-1/2 adds ``fusion_bias`` and ``layernorms``.
+
+The weights (``model.safetensors`` or ``pytorch_model.bin``) are renamed to :class:`EagleHead`'s:
+
+* ``eagle``: ``fusion_fc.*`` → ``fc.*``, ``transformer.*`` → ``layers.0.*``;
+* ``eagle3``: ``layers.0.*`` → ``midlayer.*``; ``fc``, ``norm``, ``lm_head``, ``d2t`` keep their names;
+  ``t2d``, ``embed_tokens`` (the target's) and the verifier's ``verifier_*`` copies are dropped.
+
+Refused in one line: another ``speculators_model_type``; a layer that is not Llama's; more than one draft
+layer; HASS's extra norms (``layernorms``); gpt-oss's norm before ``fc`` (``norm_before_fc``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from specbench.drafting.eagle_head import HeadConfig, read_state
+from specbench.errors import ConfigError
+
+READ = ("eagle", "eagle3")
+DROPPED = ("t2d", "embed_tokens.", "verifier_", "lm_head.")  # lm_head: an EAGLE-1/2 head's copy of the target's
+
+
+def layer_config(directory: Path, data: dict):
+    """The draft layer's ``LlamaConfig`` (its defaults where the config leaves a field out)."""
+    from transformers import LlamaConfig
+
+    layer = dict(data.get("transformer_layer_config") or {})
+    if not layer:
+        raise ConfigError(f"eagle head in {directory}: its speculators config has no transformer_layer_config: "
+                          "use a head saved by the speculators library")
+    kind = layer.pop("model_type", "llama")
+    if kind != "llama":
+        raise ConfigError(f"eagle head in {directory}: its draft layer is '{kind}' (transformer_layer_config), "
+                          "only Llama layers are read: use a head with a Llama draft layer")
+    for key in ("architectures", "transformers_version", "_name_or_path"):
+        layer.pop(key, None)
+    c = LlamaConfig(**layer)
+    if c.num_hidden_layers != 1:
+        raise ConfigError(f"eagle head in {directory}: it has {c.num_hidden_layers} draft layers, only one-layer "
+                          "heads are read: use a one-layer head")
+    return c
+
+
+def read_speculators(directory: Path, data: dict, target_layers: int) -> tuple[HeadConfig, dict[str, torch.Tensor]]:
+    """The head's config and its weights under :class:`EagleHead`'s names, from a speculators checkpoint."""
+    kind = data.get("speculators_model_type")
+    if kind not in READ:
+        raise ConfigError(f"eagle head in {directory}: speculators_model_type '{kind}' is not read here (only "
+                          f"{', '.join(READ)}): use an EAGLE or EAGLE-3 head")
+    lc = layer_config(directory, data)
+    c = HeadConfig.for_target(kind, lc, draft_vocab_size=int(data.get("draft_vocab_size") or 0))
+    c.target_layers = target_layers
+    if kind == "eagle":
+        if data.get("layernorms"):
+            raise ConfigError(f"eagle head in {directory}: it normalises the embedding and the output "
+                              "(layernorms: true), which EAGLE-1/2 heads here do not: use a head without them")
+        c.bias = bool(data.get("fusion_bias", False))
+    else:
+        if data.get("norm_before_fc"):
+            raise ConfigError(f"eagle head in {directory}: it normalises the fused states before fc "
+                              "(norm_before_fc: true), which is not read here: use a head without it")
+        c.norm_before_residual = bool(data.get("norm_before_residual", False))
+        c.target_hidden_size = int(data.get("target_hidden_size") or c.hidden_size)
+        c.aux_layers = tuple(int(i) for i in data.get("eagle_aux_hidden_state_layer_ids") or ())
+    return c, renamed(kind, read_state(directory))
+
+
+def renamed(kind: str, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A speculators state dict under :class:`EagleHead`'s key names (what the head does not read dropped)."""
+    moves = (("fusion_fc.", "fc."), ("transformer.", "layers.0.")) if kind == "eagle" else (("layers.0.", "midlayer."),)
+    dropped = DROPPED if kind == "eagle" else tuple(d for d in DROPPED if d != "lm_head.")  # EAGLE-3's is its own
+    out = {}
+    for key, value in state.items():
+        if key.startswith(dropped):
+            continue
+        for old, new in moves:
+            if key.startswith(old):
+                key = new + key[len(old):]
+                break
+        out[key] = value
+    return out
