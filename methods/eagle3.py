@@ -2,7 +2,7 @@
 vocabulary, and EAGLE-2's dynamic tree, verified by the shared core.
 
 The head (:mod:`specbench.drafting.eagle_head`, ``kind: eagle3``) fuses the target's states at the inputs
-of layers 2, L/2 and L-3, predicts over its own vocabulary (mapped to the target's by ``d2t``) and feeds
+of layers 2, L/2 and L-3 (or those its config names), predicts over its own vocabulary (mapped to the target's by ``d2t``) and feeds
 its own output back for deeper levels; the tree is EAGLE-2's (:mod:`specbench.drafting.dynamic_tree`).
 The reference's budget: 8 levels (its ``depth`` 7 plus the first), top-k 10, 60 tokens with the root.
 """
