@@ -31,7 +31,8 @@ import torch
 from specbench.core.draft import SOURCE_HEAD, DecodeState, Draft, Drafter, VerifyResult
 from specbench.core.forward import runs_on, upload
 from specbench.drafting.dynamic_tree import grow, rerank
-from specbench.drafting.eagle_head import EagleHead, HeadCache, load_head
+from specbench.drafting.eagle_head import EagleHead, HeadCache
+from specbench.drafting.head_formats import load_head
 from specbench.errors import ConfigError
 from specbench.models.packed import PackedLinear, pack_linears
 from specbench.paths import cache_root

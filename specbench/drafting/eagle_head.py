@@ -389,53 +389,5 @@ def read_state(directory: Path) -> dict[str, torch.Tensor]:
     raise ConfigError(f"eagle head: no {' or '.join(WEIGHT_FILES)} in {directory}")
 
 
-def load_head(directory: Path, target_config) -> EagleHead:
-    """A head saved by :func:`save_head`, published by EAGLE's authors or in the ``speculators`` layout (vLLM's;
-    :mod:`specbench.drafting.speculators_format`), checked against the target. What it cannot read rightly it
-    refuses in one line."""
-    directory = Path(directory)
-    cfg_path = directory / "config.json"
-    if not cfg_path.is_file():
-        raise ConfigError(f"eagle head: no config.json in {directory}")
-    tc = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
-    data = json.loads(cfg_path.read_text())
-    if "speculators_model_type" in data:
-        from specbench.drafting.speculators_format import read_speculators
-
-        c, state = read_speculators(directory, data, tc.num_hidden_layers)
-    else:
-        c, state = HeadConfig.from_json(data, tc.num_hidden_layers), read_state(directory)
-    if c.target_hidden_size != tc.hidden_size or (c.vocab_size and c.vocab_size != tc.vocab_size):
-        raise ConfigError(
-            f"eagle head in {directory} is for another model (hidden {c.target_hidden_size}, vocabulary "
-            f"{c.vocab_size}; the target has {tc.hidden_size} and {tc.vocab_size}): use the head trained for this target")
-    if c.hidden_size != tc.hidden_size:
-        raise ConfigError(
-            f"eagle head in {directory}: its layer is {c.hidden_size} wide over the target's {tc.hidden_size}-wide "
-            f"states (target_hidden_size): heads of another width than the target are not read; use one of the "
-            f"target's width")
-    c.vocab_size, c.target_layers = tc.vocab_size, tc.num_hidden_layers
-    if any(not 0 <= i < tc.num_hidden_layers for i in c.aux_layers):  # L: the final state, before the norm
-        raise ConfigError(
-            f"eagle head in {directory}: eagle_aux_hidden_state_layer_ids {list(c.aux_layers)} name states the "
-            f"target ({tc.num_hidden_layers} layers) has no input of a layer for: use the head trained for this target")
-    head = EagleHead(c)
-    state = {k: v for k, v in state.items() if not k.startswith("embed_tokens")}
-    if c.kind == "eagle3":
-        state.pop("t2d", None)
-        if "d2t" not in state:
-            if head.lm_head.out_features != c.vocab_size:
-                raise ConfigError(
-                    f"eagle head in {directory}: its draft vocabulary ({head.lm_head.out_features} of the target's "
-                    f"{c.vocab_size}) comes without d2t in its weights: add the draft-to-target map (d2t) it was "
-                    f"trained with")
-            state["d2t"] = torch.zeros(head.lm_head.out_features, dtype=torch.long)  # draft ids are target ids
-    missing, unexpected = head.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise ConfigError(f"eagle head in {directory}: weights do not match its config.json "
-                          f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
-    return head
-
-
 def param_count(head: nn.Module) -> int:
     return sum(p.numel() for p in head.parameters())

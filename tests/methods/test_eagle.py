@@ -18,7 +18,7 @@ from specbench.core.draft import DecodeState, Drafter
 from specbench.core.forward import Target
 from specbench.drafting.dynamic_tree import Tree, grow, rerank
 from specbench.drafting.eagle_drafter import head_dir, trained_head_dir
-from specbench.drafting.eagle_head import EagleHead, HeadConfig, eagle3_layers, load_head, save_head
+from specbench.drafting.eagle_head import EagleHead, HeadConfig, eagle3_layers, save_head
 from specbench.drafting.eagle_training import (
     draft_vocabulary,
     evaluate,
@@ -26,6 +26,7 @@ from specbench.drafting.eagle_training import (
     offline_conversations,
     train,
 )
+from specbench.drafting.head_formats import load_head
 from specbench.drafting.medusa_head import (
     MC_SIM_7B_63,
     MedusaHeads,

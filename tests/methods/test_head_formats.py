@@ -13,7 +13,8 @@ from methods.eagle import Eagle, EagleConfig
 from methods.eagle3 import Eagle3, Eagle3Config
 from specbench.core.decode import generate
 from specbench.core.forward import Target
-from specbench.drafting.eagle_head import EagleHead, HeadConfig, load_head, save_head
+from specbench.drafting.eagle_head import EagleHead, HeadConfig, save_head
+from specbench.drafting.head_formats import load_head
 from specbench.errors import ConfigError
 from tests.lossless import HIDDEN, SMALL_VOCAB
 from tests.methods.test_eagle import eagle_drafter, target_config, tiny_config

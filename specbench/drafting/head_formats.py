@@ -1,4 +1,6 @@
-"""EAGLE and EAGLE-3 heads in the ``speculators`` layout (what vLLM reads; many hub heads are published so).
+"""Loading EAGLE and EAGLE-3 heads in the layouts they are published in (:func:`load_head`): EAGLE's own
+(what :func:`~specbench.drafting.eagle_head.save_head` writes) and the ``speculators`` layout (what vLLM
+reads; many hub heads are published so), each checked against the target.
 
 ``config.json`` says ``speculators_model_type`` (``eagle`` or ``eagle3``) and carries the draft layer's Llama
 config in ``transformer_layer_config`` (written as a difference from ``LlamaConfig``'s defaults, so those fill
@@ -18,11 +20,12 @@ layer; HASS's extra norms (``layernorms``); gpt-oss's norm before ``fc`` (``norm
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
 
-from specbench.drafting.eagle_head import HeadConfig, read_state
+from specbench.drafting.eagle_head import EagleHead, HeadConfig, read_state
 from specbench.errors import ConfigError
 
 READ = ("eagle", "eagle3")
@@ -88,3 +91,49 @@ def renamed(kind: str, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
                 break
         out[key] = value
     return out
+
+
+def load_head(directory: Path, target_config) -> EagleHead:
+    """A head saved by :func:`save_head`, published by EAGLE's authors or in the ``speculators`` layout (vLLM's;
+    read here), checked against the target. What it cannot read rightly it
+    refuses in one line."""
+    directory = Path(directory)
+    cfg_path = directory / "config.json"
+    if not cfg_path.is_file():
+        raise ConfigError(f"eagle head: no config.json in {directory}")
+    tc = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
+    data = json.loads(cfg_path.read_text())
+    if "speculators_model_type" in data:
+        c, state = read_speculators(directory, data, tc.num_hidden_layers)
+    else:
+        c, state = HeadConfig.from_json(data, tc.num_hidden_layers), read_state(directory)
+    if c.target_hidden_size != tc.hidden_size or (c.vocab_size and c.vocab_size != tc.vocab_size):
+        raise ConfigError(
+            f"eagle head in {directory} is for another model (hidden {c.target_hidden_size}, vocabulary "
+            f"{c.vocab_size}; the target has {tc.hidden_size} and {tc.vocab_size}): use the head trained for this target")
+    if c.hidden_size != tc.hidden_size:
+        raise ConfigError(
+            f"eagle head in {directory}: its layer is {c.hidden_size} wide over the target's {tc.hidden_size}-wide "
+            f"states (target_hidden_size): heads of another width than the target are not read; use one of the "
+            f"target's width")
+    c.vocab_size, c.target_layers = tc.vocab_size, tc.num_hidden_layers
+    if any(not 0 <= i < tc.num_hidden_layers for i in c.aux_layers):  # L: the final state, before the norm
+        raise ConfigError(
+            f"eagle head in {directory}: eagle_aux_hidden_state_layer_ids {list(c.aux_layers)} name states the "
+            f"target ({tc.num_hidden_layers} layers) has no input of a layer for: use the head trained for this target")
+    head = EagleHead(c)
+    state = {k: v for k, v in state.items() if not k.startswith("embed_tokens")}
+    if c.kind == "eagle3":
+        state.pop("t2d", None)
+        if "d2t" not in state:
+            if head.lm_head.out_features != c.vocab_size:
+                raise ConfigError(
+                    f"eagle head in {directory}: its draft vocabulary ({head.lm_head.out_features} of the target's "
+                    f"{c.vocab_size}) comes without d2t in its weights: add the draft-to-target map (d2t) it was "
+                    f"trained with")
+            state["d2t"] = torch.zeros(head.lm_head.out_features, dtype=torch.long)  # draft ids are target ids
+    missing, unexpected = head.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ConfigError(f"eagle head in {directory}: weights do not match its config.json "
+                          f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
+    return head
