@@ -104,7 +104,7 @@ class Medusa(Drafter):
         depth = min(len(self.heads), state.max_depth)
         if self.last is None or depth < 1:
             return None
-        logits = self.heads.logits(self.last, self.lm_head)[:depth, 0]
+        logits = self.heads.logits(self.last, self.lm_head, first=depth)[:, 0]
         widest = max(self.ranks[:depth])
         # every head's candidates in one read (the first r of a sorted top-R are the top r)
         ranked = logits.topk(widest, dim=-1).indices.tolist() if widest else [[] for _ in range(depth)]

@@ -276,7 +276,7 @@ class AutoBudget:
 
     def cap(self) -> int | None:
         """Before the step's proposal: the deepest guess worth drafting (0: none; None: the method's own)."""
-        self._capped = not self.worth.drafts(self.allowance())
+        self._capped = not self.worth.drafts(self.allowance(), lambda q: self.cost(q, self._context))
         return 0 if self._capped else self.worth.depth(lambda q: self.cost(q, self._context))
 
     def plan(self, draft: Draft, tokens: list[int]) -> Draft:

@@ -24,8 +24,9 @@ one token per t(1).
   seconds-against-depth line measured in a run's warm-up (:meth:`DraftWorth.calibration`) starts each
   measured planner (:meth:`DraftWorth.calibrate`), worth ``CALIBRATION_STEPS`` steps, then the running means
   take over. When even a draft accepted whole could not pay at any depth measured, (1 + d) tokens in
-  t(1 + d) plus the drafting's seconds at depth d against plain decoding's 1 per t(1), drafting starts off
-  (explored as above). Acceptance is never carried: the warm-up's prompts teach nothing.
+  t(1 + d) plus the drafting's seconds at depth d against plain decoding's 1 per t(1), drafting starts off,
+  and an exploration is passed over while that still holds at the step's context (exploring measures
+  acceptance, which cannot change it). Acceptance is never carried: the warm-up's prompts teach nothing.
 * **Bounded regret.** The time drafting steps lost against plain decoding for the same tokens is summed (a
   step that paid counts negative); no step drafts while that sum exceeds the planner's allowance (a share
   of the run's modelled time plus a floor), so a drafter that never pays costs a run at most that.
@@ -65,15 +66,18 @@ class DraftWorth:
         self.caps: list[int | None] = []  # per drafting step: the depth cap sent (None: the method's own)
         self._drafting_steps = 0
 
-    def drafts(self, allowance: float) -> bool:
-        """Whether the next step drafts, given the regret the run allows so far (in plain steps)."""
+    def drafts(self, allowance: float, forward: Callable[[int], float] | None = None) -> bool:
+        """Whether the next step drafts, given the regret the run allows so far (in plain steps); ``forward(q)``,
+        a forward's modelled seconds now: an exploration is passed over while the measured drafting cost shows
+        no depth could pay even if every guess were accepted (exploring measures acceptance, which cannot help)."""
         warm = self.steps < MIN_WARM and self.drafting  # the first steps draft whatever they cost: too few to
         # judge (unless a calibration showed no draft could pay)
         go = not self.enabled or warm or (self.drafting and self.regret <= allowance)
         if not go:
             self.skipped += 1
             if self.explore_every and self.skipped >= self.next_explore and self.regret <= allowance:
-                self.skipped, self.next_explore, go = 0, 2 * self.next_explore, True
+                self.skipped, self.next_explore = 0, 2 * self.next_explore
+                go = forward is None or not self.cannot_pay(forward)
         self.capped.append(not go)
         return go
 
@@ -118,9 +122,16 @@ class DraftWorth:
             return
         line, points, deepest = measured
         self._line, self._points, self._deepest = list(line), min(points, CALIBRATION_STEPS), deepest
-        drafting, plain = self._drafting_seconds(), forward(1)
-        if deepest >= 1 and all((1 + d) * plain < forward(1 + d) + drafting(d) for d in range(1, deepest + 1)):
+        if self.cannot_pay(forward):
             self.drafting, self.skipped = False, 0
+
+    def cannot_pay(self, forward: Callable[[int], float]) -> bool:
+        """Whether, at the drafting cost measured, no depth drafted so far could pay even if every guess were
+        accepted: (1 + d) tokens in t(1 + d) plus drafting(d) against plain decoding's 1 per t(1)."""
+        if self._deepest < 1 or not self._points:
+            return False
+        drafting, plain = self._drafting_seconds(), forward(1)
+        return all((1 + d) * plain < forward(1 + d) + drafting(d) for d in range(1, self._deepest + 1))
 
     def record(self, tokens: int, seconds: float, plain_s: float, draft: Draft | None = None,
                drafted_depth: int = 0, draft_s: float = 0.0) -> None:

@@ -67,16 +67,17 @@ class MedusaHeads(nn.Module):
     def __len__(self) -> int:
         return len(self.heads)
 
-    def states(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[K, n, H]: each head's residual blocks over ``hidden`` [n, H]."""
-        return torch.stack([h[: self.n_layers](hidden) for h in self.heads])
+    def states(self, hidden: torch.Tensor, first: int | None = None) -> torch.Tensor:
+        """[K, n, H]: each head's residual blocks over ``hidden`` [n, H] (the ``first`` K heads only)."""
+        return torch.stack([h[: self.n_layers](hidden) for h in self.heads[:first]])
 
-    def logits(self, hidden: torch.Tensor, lm_head: nn.Module | None = None) -> torch.Tensor:
-        """[K, n, V]: every head's logits after ``hidden`` [n, H]."""
-        states = self.states(hidden)
+    def logits(self, hidden: torch.Tensor, lm_head: nn.Module | None = None, first: int | None = None) -> torch.Tensor:
+        """[K, n, V]: every head's logits after ``hidden`` [n, H]; ``first``: only the first K heads (a step whose
+        draft is capped at depth K computes no deeper head)."""
+        states = self.states(hidden, first)
         if self.tied:
-            return lm_head(states.reshape(-1, self.hidden)).reshape(len(self), hidden.shape[0], -1)
-        return torch.stack([h[self.n_layers](s) for h, s in zip(self.heads, states, strict=True)])
+            return lm_head(states.reshape(-1, self.hidden)).reshape(states.shape[0], hidden.shape[0], -1)
+        return torch.stack([h[self.n_layers](s) for h, s in zip(self.heads, states, strict=False)])
 
 
 def save_medusa(heads: MedusaHeads, directory: Path, extra: dict | None = None) -> Path:

@@ -118,8 +118,8 @@ def test_levels_that_cost_more_than_they_bring_are_not_drafted():
 
 def test_a_calibration_that_no_draft_could_pay_for_starts_without_drafting():
     """Calibrated at 10 ms a level against a 2 ms forward (flat), no depth pays even if every guess is accepted:
-    drafting starts off and is only explored; at 0.1 ms a level it warms up and drafts as usual. Only the cost
-    is carried: no acceptance."""
+    drafting starts off and its explorations are passed over; at 0.1 ms a level it warms up and drafts as
+    usual. Only the cost is carried: no acceptance."""
     flat = CostModel([1, 64], [0], [[0.002, 0.002]])
     for per_level, drafts in ((0.01, False), (0.0001, True)):
         measured = DraftWorth()
@@ -128,8 +128,8 @@ def test_a_calibration_that_no_draft_could_pay_for_starts_without_drafting():
                             per_level * depth)
         planner = AutoBudget(flat, explore_every=4, calibration=measured.calibration())
         assert not planner.worth.tried  # acceptance starts empty
-        pattern = [planner.cap() != 0 for _ in range(6)]
-        assert pattern == ([True] * 6 if drafts else [False] * 3 + [True] + [False] * 2)
+        pattern = [planner.cap() != 0 for _ in range(12)]
+        assert pattern == [drafts] * 12  # and no exploration either: it measures acceptance, which cannot help
         assert planner.spawn().worth.drafting == drafts  # a batch's other rows start from it too
 
 
@@ -150,3 +150,17 @@ def test_the_calibration_is_the_drafters_measured_time(delay, drafts):
     rec = generate(target, drafter, prompt, max_new_tokens=n, planner=planner)
     assert rec.output_ids == expected
     assert (drafter.asked >= len(rec.step_tokens) - 2) if drafts else drafter.asked <= 1
+
+
+def test_an_exploration_goes_ahead_while_acceptance_could_still_pay_and_is_passed_over_when_it_could_not():
+    """Drafting judged not to pay after 4 steps of 1 token each: with drafting cheap against the forward
+    (1 ms a level, forward 2 ms) more acceptance could pay, so it is explored after 4 steps; with 10 ms a
+    level it could not even at full acceptance, and the exploration is passed over (the wait still doubles)."""
+    flat = lambda q: 0.002  # noqa: E731
+    for per_level, explored in ((0.001, True), (0.01, False)):
+        worth = DraftWorth(explore_every=4)
+        for _ in range(MIN_WARM):
+            assert worth.drafts(100.0, flat)
+            worth.record(1, 0.002 + 3 * per_level, 0.002, Draft.chain([1, 2, 3], "t"), 3, 3 * per_level)
+        pattern = [worth.drafts(100.0, flat) for _ in range(4)]
+        assert pattern == [False] * 3 + [explored] and worth.next_explore == 8
