@@ -470,6 +470,7 @@ def test_bad_budget_settings_are_one_line(tmp_path, extra, message, monkeypatch)
         run(make_cfg("experiment=smoke", f"results_dir={tmp_path}", *extra))
 
 
+@pytest.mark.slow  # a subprocess measuring a curve; load_or_measure's caching is tested in the fast suite
 def test_costs_command_prints_the_curve_and_caches_it(tmp_path):
     import os
     import subprocess

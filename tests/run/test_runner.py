@@ -145,7 +145,8 @@ def _job(tmp_path, *extra):
 @pytest.mark.parametrize(
     "shards",
     [
-        (["offset=0", "limit=2"], ["offset=2", "limit=2"]),  # a run split by offset/limit
+        pytest.param((["offset=0", "limit=2"], ["offset=2", "limit=2"]),  # a run split by offset/limit
+                     marks=pytest.mark.slow),  # (the overlap below is the harder case; make test-slow runs this)
         (["limit=4"], ["limit=4"]),  # full overlap: a requeued job while the first still runs
     ],
     ids=["shards", "overlap"],
