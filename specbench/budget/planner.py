@@ -79,7 +79,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specbench.budget.costs import CostModel
-from specbench.budget.worth import DraftWorth
+from specbench.budget.worth import DraftWorth, widths
 from specbench.core.draft import Draft
 
 BUDGETS = ("fixed", "auto")
@@ -191,14 +191,6 @@ def best_prefix(scores: list[float], cost: CostModel, fixed_q: int, context: int
     return sorted(order[:best_k]), best_rate
 
 
-def widths(full: int) -> list[int]:
-    """The pool widths ``auto`` chooses from: ``full``, then halved (rounded up) down to 1."""
-    out = [full]
-    while out[-1] > 1:
-        out.append((out[-1] + 1) // 2)
-    return out
-
-
 def subdraft(draft: Draft, keep: list[int], width: int) -> Draft:
     """``draft`` restricted to the guesses ``keep`` (closed under parents) and to the aux nodes of its
     first ``width`` columns (0: none; its :attr:`~Draft.aux_width` or more: all of them)."""
@@ -278,6 +270,11 @@ class AutoBudget:
         """Before the step's proposal: the deepest guess worth drafting (0: none; None: the method's own)."""
         self._capped = not self.worth.drafts(self.allowance(), lambda q: self.cost(q, self._context))
         return 0 if self._capped else self.worth.depth(lambda q: self.cost(q, self._context))
+
+    @property
+    def width_cap(self) -> int | None:
+        """After :meth:`cap`: the widest top-k worth drafting a tree with (None: the method's own)."""
+        return None if self._capped else self.worth.width_cap
 
     def plan(self, draft: Draft, tokens: list[int]) -> Draft:
         """The part of ``draft`` to verify after ``tokens`` (the sequence so far, its root last)."""
@@ -374,7 +371,8 @@ class AutoBudget:
         plain = self.cost(1, self._context)
         self.elapsed += seconds / plain
         if not self._capped:
-            self.worth.record(1 + len(accepted_nodes), seconds + draft_s, plain, draft, self._drafted_depth, draft_s)
+            self.worth.record(1 + len(accepted_nodes), seconds + draft_s, plain, draft, self._drafted_depth, draft_s,
+                              accepted_nodes)
         if not draft.n_aux:
             return
         if self._rate_without > 0:  # the time the step without them would have taken for these tokens

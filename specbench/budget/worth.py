@@ -20,6 +20,15 @@ one token per t(1).
   second, (1 + Σ_{k≤d} P(reach k)) / (t(1 + guesses(d)) + drafting(d)). The best cap below the deepest
   measured is sent (``DecodeState.depth_cap``); every ``explore_every``-th drafting step drafts the method's
   own depth, so the deeper levels stay measured.
+* **How wide.** A tree drafted level by level with a top-k (EAGLE-2's: each level expands the k best nodes into
+  k children each, a drafting cost that grows with k) may be drafted narrower. Each of its guesses says the
+  narrowest top-k that surely drafts it too (``Draft.needs``), so the steps drafted at the full top-k tell
+  how often the accepted path would have reached depth k with a top-k of w, and how many guesses it would have
+  kept; the drafting seconds are fitted against the depth and depth × top-k drafted (a running least squares,
+  per level alone until the top-ks drafted differ: the first drafting steps alternate narrower top-ks to
+  measure it, in the warm-up's calibration). Each (depth, top-k) is priced as above; the best is sent
+  (``DecodeState.width_cap``); exploration steps draft the full top-k, and only full-top-k steps teach
+  acceptance.
 * **Calibration.** What a drafter's drafting costs is a property of the machine, not of the prompts: the
   seconds-against-depth line measured in a run's warm-up (:meth:`DraftWorth.calibration`) starts each
   measured planner (:meth:`DraftWorth.calibrate`), worth ``CALIBRATION_STEPS`` steps, then the running means
@@ -43,6 +52,15 @@ MIN_WARM = 4  # drafting steps before drafting may be judged not to pay
 CALIBRATION_STEPS = 8  # a calibration counts as this many steps of the drafting-cost line
 
 
+def widths(full: int) -> list[int]:
+    """The widths ``auto`` chooses from (a pool's columns, a tree's top-k): ``full``, then halved (rounded up)
+    down to 1."""
+    out = [full]
+    while out[-1] > 1:
+        out.append((out[-1] + 1) // 2)
+    return out
+
+
 class DraftWorth:
     """Drafting's measured rate against plain decoding's, and the decision to draft the next step."""
 
@@ -60,11 +78,20 @@ class DraftWorth:
         self.tried: Counter = Counter()  # depth k: drafting steps whose kept draft reached it
         self.reached: Counter = Counter()  # … and whose accepted path did
         self.kept: dict[int, float] = {}  # depth d: running mean of the guesses kept at depths up to d
-        self._line = [0.0] * 4  # running means of depth, seconds, depth², depth × seconds (drafting)
+        # drafting's seconds s against depth d and e = d × top-k (0 without a top-k): running means of
+        # d, s, d², d·s, e, e², d·e, e·s
+        self._line = [0.0] * 8
         self._points = 0  # steps in that line
         self._deepest = 0  # the deepest depth drafted
         self.caps: list[int | None] = []  # per drafting step: the depth cap sent (None: the method's own)
         self._drafting_steps = 0
+        self.full_width = 0  # the widest top-k a tree was drafted with (0: none drafted so)
+        self.width_cap: int | None = None  # this step's top-k cap (None: the method's own)
+        self._trial = False  # this step drafts a narrower top-k to measure its cost
+        self.width_caps: list[int | None] = []  # per drafting step
+        self._full_steps = 0  # steps drafted at the full top-k (every step of a drafter without one)
+        self.within: Counter = Counter()  # (k, w): … whose accepted path reached depth k, all of it drafted at top-k w
+        self.kept_narrow: dict[tuple[int, int], float] = {}  # (d, w): guesses kept up to depth d drafted at top-k w
 
     def drafts(self, allowance: float, forward: Callable[[int], float] | None = None) -> bool:
         """Whether the next step drafts, given the regret the run allows so far (in plain steps); ``forward(q)``,
@@ -82,46 +109,78 @@ class DraftWorth:
         return go
 
     def depth(self, forward: Callable[[int], float]) -> int | None:
-        """The depth cap for a step that drafts (``forward(q)``: a forward's modelled seconds): the best one
-        below the deepest measured, or None (the method's own) when that is best or to keep it measured."""
+        """The depth cap for a step that drafts (``forward(q)``: a forward's modelled seconds), and its top-k
+        cap (:attr:`width_cap`): the best pair measured, None for either that is the method's own (the full
+        depth and top-k every ``explore_every``-th step, to keep them measured)."""
         self._drafting_steps += 1
+        cap = self.width_cap = None
+        narrower = widths(self.full_width)[1:] if self.full_width else []
         deepest = max(self.tried, default=0)
-        if not self.enabled or deepest < 2 or self._drafting_steps % max(self.explore_every, 1) == 0:
-            self.caps.append(None)
-            return None
-        drafting = self._drafting_seconds()
-        best, best_rate, gain, chance = None, -1.0, 1.0, 1.0
-        for d in range(1, deepest + 1):
-            chance = min(chance, self.reached[d] / self.tried[d]) if self.tried[d] else 0.0
-            gain += chance
-            rate = gain / (forward(1 + round(self.kept.get(d, 0.0))) + drafting(d))
-            if rate > best_rate:
-                best, best_rate = d, rate
-        cap = None if best == deepest else best
+        self._trial = self.enabled and bool(narrower) and not self._width_spread() and self._drafting_steps % 2 == 0
+        if self._trial:  # a narrower top-k, to measure what it costs (no acceptance, no worth judged from it)
+            self.width_cap = narrower[(self._drafting_steps // 2 - 1) % len(narrower)]
+        elif self.enabled and deepest >= 2 and self._drafting_steps % max(self.explore_every, 1):
+            drafting, best_rate = self._drafting_seconds(), -1.0
+            for w in [self.full_width or 0, *narrower]:
+                gain, chance = 1.0, 1.0
+                for d in range(1, deepest + 1):
+                    chance = min(chance, self._reach(d, w))
+                    gain += chance
+                    kept = self.kept.get(d, 0.0) if w == self.full_width else self.kept_narrow.get((d, w), 0.0)
+                    rate = gain / (forward(1 + round(kept)) + drafting(d, w or None))
+                    if rate > best_rate:
+                        best_rate, cap, self.width_cap = rate, d, w
+            cap = None if cap == deepest else cap
+            self.width_cap = None if self.width_cap == self.full_width else self.width_cap
         self.caps.append(cap)
+        self.width_caps.append(self.width_cap)
         return cap
 
-    def _drafting_seconds(self) -> Callable[[int], float]:
-        """The drafter's seconds for a draft of depth d: the line through the measured steps (all of it per
-        level until the depths drafted differ)."""
-        d_mean, s_mean, dd, ds = self._line
-        spread = dd - d_mean * d_mean
-        per_level = max((ds - d_mean * s_mean) / spread, 0.0) if spread > 1e-9 else s_mean / max(d_mean, 1.0)
-        base = s_mean - per_level * d_mean if spread > 1e-9 else 0.0
-        return lambda d: max(base + per_level * d, 0.0)
+    def _reach(self, d: int, w: int) -> float:
+        """The chance a step's accepted path reaches depth d, its tree drafted at top-k w (full-top-k steps)."""
+        if not self.tried[d]:
+            return 0.0
+        chance = self.reached[d] / self.tried[d]
+        if w != self.full_width and self.reached[d]:
+            chance *= self.within[(d, w)] / self.reached[d]
+        return chance
 
-    def calibration(self) -> tuple[list[float], int, int] | None:
-        """The drafting cost measured so far, for :meth:`calibrate`: the line's means, its steps and the deepest
-        depth drafted (None before any drafting step)."""
-        return (list(self._line), self._points, self._deepest) if self._points else None
+    def _width_spread(self) -> bool:
+        """Whether the top-ks drafted differ enough (beyond the depths) to tell their costs apart."""
+        d, _, dd, _, e, ee, de, _ = self._line
+        vd, ve, cde = dd - d * d, ee - e * e, de - d * e
+        return ve > 1e-12 and ve - (cde * cde / vd if vd > 1e-9 else 0.0) > 1e-3 * ve
 
-    def calibrate(self, measured: tuple[list[float], int, int] | None, forward: Callable[[int], float]) -> None:
+    def _drafting_seconds(self) -> Callable[..., float]:
+        """The drafter's seconds for a draft of depth d at top-k w (None: the widest drafted): a + b·d + c·d·w
+        through the measured steps once the top-ks drafted differ, else the line against the depth alone (all
+        of it per level until the depths drafted differ)."""
+        d_mean, s_mean, dd, ds, e_mean, ee, de, es = self._line
+        vd = dd - d_mean * d_mean
+        if self._width_spread():  # (one depth drafted: per row alone)
+            ve, cde, csd, cse = ee - e_mean * e_mean, de - d_mean * e_mean, ds - d_mean * s_mean, es - e_mean * s_mean
+            det = vd * ve - cde * cde
+            per_level = max((csd * ve - cse * cde) / det, 0.0) if vd > 1e-9 else 0.0
+            per_row = max((cse * vd - csd * cde) / det if vd > 1e-9 else cse / ve, 0.0)
+            base = s_mean - per_level * d_mean - per_row * e_mean
+            full = self.full_width
+            return lambda d, w=None: max(base + per_level * d + per_row * d * (w or full), 0.0)
+        per_level = max((ds - d_mean * s_mean) / vd, 0.0) if vd > 1e-9 else s_mean / max(d_mean, 1.0)
+        base = s_mean - per_level * d_mean if vd > 1e-9 else 0.0
+        return lambda d, w=None: max(base + per_level * d, 0.0)
+
+    def calibration(self) -> tuple[list[float], int, int, int] | None:
+        """The drafting cost measured so far, for :meth:`calibrate`: the line's means, its steps, the deepest
+        depth and the widest top-k drafted (None before any drafting step)."""
+        return (list(self._line), self._points, self._deepest, self.full_width) if self._points else None
+
+    def calibrate(self, measured: tuple[list[float], int, int, int] | None, forward: Callable[[int], float]) -> None:
         """Start from drafting costs measured on this machine (``forward(q)``: a forward's modelled seconds);
         drafting starts off when no depth measured could pay even if every guess were accepted."""
         if not self.enabled or not measured:
             return
-        line, points, deepest = measured
-        self._line, self._points, self._deepest = list(line), min(points, CALIBRATION_STEPS), deepest
+        line, points, self._deepest, self.full_width = measured
+        self._line, self._points = list(line), min(points, CALIBRATION_STEPS)
         if self.cannot_pay(forward):
             self.drafting, self.skipped = False, 0
 
@@ -134,23 +193,25 @@ class DraftWorth:
         return all((1 + d) * plain < forward(1 + d) + drafting(d) for d in range(1, self._deepest + 1))
 
     def record(self, tokens: int, seconds: float, plain_s: float, draft: Draft | None = None,
-               drafted_depth: int = 0, draft_s: float = 0.0) -> None:
+               drafted_depth: int = 0, draft_s: float = 0.0, accepted: list[int] | None = None) -> None:
         """A step that drafted gave ``tokens`` in ``seconds`` (forward and drafting); plain decoding takes
-        ``plain_s`` a token. ``draft``: the guesses it verified; ``drafted_depth``: how deep the drafter drafted,
-        in ``draft_s`` seconds."""
-        self.steps += 1
-        w = max(1.0 / 32, 1.0 / self.steps)
+        ``plain_s`` a token. ``draft``: the guesses it verified, ``accepted`` those on the accepted path;
+        ``drafted_depth``: how deep the drafter drafted, in ``draft_s`` seconds."""
+        trial, self._trial = self._trial, False
         if draft is not None:
-            depths = draft.depths()
-            for k in range(1, max(depths, default=0) + 1):
-                self.tried[k] += 1
-                self.reached[k] += tokens - 1 >= k
-            for d in range(1, max(max(depths, default=0), max(self.kept, default=0)) + 1):
-                self.kept[d] = self.kept.get(d, 0.0) + w * (sum(x <= d for x in depths) - self.kept.get(d, 0.0))
+            self.full_width = max(self.full_width, draft.tree_width)
+            if draft.tree_width in (0, self.full_width):  # a narrower tree teaches no acceptance
+                self._learn(draft, tokens, accepted)
             self._points += 1
             self._deepest = max(self._deepest, drafted_depth)
-            point, v = (drafted_depth, draft_s, drafted_depth**2, drafted_depth * draft_s), max(1 / 32, 1 / self._points)
+            d, e = drafted_depth, drafted_depth * draft.tree_width
+            point = (d, draft_s, d * d, d * draft_s, e, e * e, d * e, e * draft_s)
+            v = max(1 / 32, 1 / self._points)
             self._line = [m + v * (x - m) for m, x in zip(self._line, point, strict=True)]
+        if trial:  # measured its cost only
+            return
+        self.steps += 1
+        w = max(1.0 / 32, 1.0 / self.steps)
         self.tokens += w * (tokens - self.tokens)
         self.seconds += w * (seconds - self.seconds)
         self.regret += (seconds - tokens * plain_s) / plain_s
@@ -159,3 +220,23 @@ class DraftWorth:
             self.drafting, self.next_explore = True, self.explore_every
         elif self.steps >= MIN_WARM and ratio < 1.0 - self.steps**-0.5:
             self.drafting = False
+
+    def _learn(self, draft: Draft, tokens: int, accepted: list[int] | None) -> None:
+        """Acceptance from a step drafted at the full top-k (or without one): how deep its accepted path went,
+        and for each narrower top-k, whether all of it (and which of its guesses) that top-k drafts too."""
+        self._full_steps += 1
+        w = max(1.0 / 32, 1.0 / self._full_steps)
+        depths, needs = draft.depths(), draft.needs
+        path_need = 0
+        for k in range(1, max(depths, default=0) + 1):
+            self.tried[k] += 1
+            self.reached[k] += tokens - 1 >= k
+            if needs is not None and accepted is not None and k <= len(accepted):
+                path_need = max(path_need, needs[accepted[k - 1]])
+                for n in widths(self.full_width)[1:]:
+                    self.within[(k, n)] += path_need <= n
+        for d in range(1, max(max(depths, default=0), max(self.kept, default=0)) + 1):
+            self.kept[d] = self.kept.get(d, 0.0) + w * (sum(x <= d for x in depths) - self.kept.get(d, 0.0))
+            for n in widths(self.full_width)[1:] if needs is not None else []:
+                kept = sum(x <= d and y <= n for x, y in zip(depths, needs, strict=True))
+                self.kept_narrow[(d, n)] = self.kept_narrow.get((d, n), 0.0) + w * (kept - self.kept_narrow.get((d, n), 0.0))

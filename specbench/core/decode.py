@@ -158,8 +158,10 @@ class _Loop:
         row.step += 1
         request = row.request
         cap = getattr(request.planner, "cap", None)
+        depth_cap = cap() if cap is not None else None
         draft = request.drafter.propose(DecodeState(row.seq, row.record.prompt_len, request.max_new_tokens, row.step,
-                                                    depth_cap=cap() if cap is not None else None))
+                                                    depth_cap=depth_cap,
+                                                    width_cap=getattr(request.planner, "width_cap", None)))
         if draft is None:
             draft = _EMPTY
         elif draft is not _EMPTY:

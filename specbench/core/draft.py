@@ -77,6 +77,11 @@ class Draft:
     # Seconds the drafter spent searching external stores (datastore lookups) in this proposal,
     # recorded apart from the rest of drafting.
     lookup_s: float = 0.0
+    # A tree drafted level by level with a top-k (EAGLE-2's): the top-k it was drafted with (0: not such a
+    # tree), and per guess the narrowest top-k that surely drafts it too (``budget=auto`` learns from them
+    # which top-k pays, DecodeState.width_cap).
+    tree_width: int = 0
+    needs: list[int] | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -174,6 +179,8 @@ class Draft:
             sources=None if self.sources is None else [self.sources[i] for i in nodes],
             draft_probs=None if self.draft_probs is None else self.draft_probs[nodes],
             lookup_s=self.lookup_s,
+            tree_width=self.tree_width,
+            needs=None if self.needs is None else [self.needs[i] for i in nodes],
         )
 
     def cut(self, max_depth: int) -> Draft:
@@ -188,6 +195,8 @@ class Draft:
             raise ValueError("draft: tokens and sources differ in length")
         if self.draft_probs is not None and self.draft_probs.shape[0] != n:
             raise ValueError("draft: draft_probs must have one row per guess")
+        if self.needs is not None and len(self.needs) != n:
+            raise ValueError("draft: needs must name one top-k per guess")
         self.depths()
         m = len(self.aux_tokens)
         if len(self.aux_positions) != m:
@@ -235,6 +244,7 @@ class DecodeState:
     max_new_tokens: int
     step: int = 0
     depth_cap: int | None = None  # budget=auto: the deepest guess worth drafting this step (0: none)
+    width_cap: int | None = None  # budget=auto: the widest top-k worth drafting a tree with (None: the method's)
 
     @property
     def new_tokens(self) -> int:
@@ -252,12 +262,17 @@ class DecodeState:
         deepest = self.remaining - 1
         return deepest if self.depth_cap is None else min(deepest, self.depth_cap)
 
+    def top_k(self, full: int) -> int:
+        """The top-k to draft a tree with, of the method's ``full``: narrower where ``budget=auto`` found it pays."""
+        return full if self.width_cap is None else max(1, min(full, self.width_cap))
+
 
 class Planner(Protocol):
     """What the decode loop asks of a draft planner (``budget=auto``): trim each draft to what pays, learn
     from what verification accepted, and close the generation. The loop never imports a planner."""
 
-    def cap(self) -> int | None: ...  # before the step's proposal: its DecodeState.depth_cap
+    def cap(self) -> int | None: ...  # before the step's proposal: its DecodeState.depth_cap (then width_cap,
+    # when the planner has one, is read as DecodeState.width_cap)
 
     def plan(self, draft: Draft, seq: list[int]) -> Draft: ...
 

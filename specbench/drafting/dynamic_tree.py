@@ -10,6 +10,12 @@ ties go to the node made first, so the chosen set is closed under parents.
 ``depth`` counts the draft's levels: the reference's ``depth`` is one less (its first level is not
 counted), and its ``total_token`` one more (it counts the root).
 
+A narrower top-k w drafts a subset of these candidates: a node is surely among them when its parent is surely
+expanded at w and it is among its parent's w best children, and it is surely expanded when, beyond that, it
+ranks among the w best of its level (a narrower level competes with a subset of the same nodes, so its rank
+there is no worse). Each candidate records that narrowest w (``Tree.needs``), so what a narrower tree would
+have drafted is read off the full one (``budget=auto`` prices the top-k by it).
+
 Pure: the draft model enters through ``expand``, which maps the nodes of one level to their children's
 log-probabilities; tested by hand on made-up ones.
 """
@@ -30,11 +36,13 @@ class Tree:
     parents: list[int] = field(default_factory=list)
     scores: list[float] = field(default_factory=list)
     depths: list[int] = field(default_factory=list)
+    needs: list[int] = field(default_factory=list)  # the narrowest top-k that surely drafts the node too
 
-    def add(self, token: int, parent: int, score: float) -> int:
+    def add(self, token: int, parent: int, score: float, need: int = 1) -> int:
         self.tokens.append(int(token))
         self.parents.append(parent)
         self.scores.append(float(score))
+        self.needs.append(need)
         self.depths.append(1 if parent < 0 else self.depths[parent] + 1)
         return len(self.tokens) - 1
 
@@ -48,7 +56,8 @@ def grow(root_logprobs: torch.Tensor, expand: Callable[[list[int], Tree], torch.
     exact as float32 up to 2^24). Scores add up on the host, where the tree lives."""
     tree = Tree()
     lp, ids = _top(root_logprobs.float()[None], top_k)
-    level = [tree.add(t, -1, s) for t, s in zip(ids[0], lp[0], strict=True)]
+    level = [tree.add(t, -1, s, r + 1) for r, (t, s) in enumerate(zip(ids[0], lp[0], strict=True))]
+    expanded = {i: tree.needs[i] for i in level}  # a node on a level expanded: the narrowest top-k that surely does
     for _ in range(depth - 1):
         if not level:
             break
@@ -56,11 +65,12 @@ def grow(root_logprobs: torch.Tensor, expand: Callable[[list[int], Tree], torch.
         made, cum = [], []
         for parent, row_lp, row_ids in zip(level, lp, ids, strict=True):
             base = tree.scores[parent]
-            for s, tok in zip(row_lp, row_ids, strict=True):
+            for r, (s, tok) in enumerate(zip(row_lp, row_ids, strict=True)):
                 cum.append(base + s)
-                made.append(tree.add(tok, parent, base + s))
+                made.append(tree.add(tok, parent, base + s, max(expanded[parent], r + 1)))
         best = sorted(range(len(made)), key=lambda j: (-cum[j], j))[:top_k]
         level = [made[j] for j in best]
+        expanded = {i: max(tree.needs[i], rank + 1) for rank, i in enumerate(level)}
     return tree
 
 
@@ -71,8 +81,8 @@ def _top(logprobs: torch.Tensor, top_k: int) -> tuple[list[list[float]], list[li
     return both[0], [[int(t) for t in row] for row in both[1]]
 
 
-def rerank(tree: Tree, nodes: int) -> tuple[list[int], list[int], list[float]]:
-    """The ``nodes`` best candidates as a draft: (tokens, parents, scores), parents first, siblings in
+def rerank(tree: Tree, nodes: int) -> tuple[list[int], list[int], list[float], list[int]]:
+    """The ``nodes`` best candidates as a draft: (tokens, parents, scores, needs), parents first, siblings in
     descending score (the order sampling tries them in)."""
     order = sorted(range(len(tree.tokens)), key=lambda i: (-tree.scores[i], i))[:nodes]
     chosen = set(order)
@@ -84,4 +94,4 @@ def rerank(tree: Tree, nodes: int) -> tuple[list[int], list[int], list[float]]:
     kept = sorted(chosen, key=lambda i: (tree.depths[i], -tree.scores[i], i))
     at = {old: new for new, old in enumerate(kept)}
     parents = [-1 if tree.parents[i] < 0 else at[tree.parents[i]] for i in kept]
-    return [tree.tokens[i] for i in kept], parents, [tree.scores[i] for i in kept]
+    return [tree.tokens[i] for i in kept], parents, [tree.scores[i] for i in kept], [tree.needs[i] for i in kept]

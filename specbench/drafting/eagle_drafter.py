@@ -317,6 +317,7 @@ class HeadDrafter(Drafter):
             return self._logprobs(out)
 
         c = self.config
-        tree = grow(self._logprobs(root_hidden)[0], expand, depth=min(c.depth, state.max_depth), top_k=c.top_k)
-        toks, parents, _ = rerank(tree, c.total_tokens - 1)
-        return Draft(tokens=toks, parents=parents, sources=[SOURCE_HEAD] * len(toks))
+        top_k = state.top_k(c.top_k)
+        tree = grow(self._logprobs(root_hidden)[0], expand, depth=min(c.depth, state.max_depth), top_k=top_k)
+        toks, parents, _, needs = rerank(tree, c.total_tokens - 1)
+        return Draft(tokens=toks, parents=parents, sources=[SOURCE_HEAD] * len(toks), tree_width=top_k, needs=needs)

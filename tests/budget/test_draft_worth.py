@@ -164,3 +164,51 @@ def test_an_exploration_goes_ahead_while_acceptance_could_still_pay_and_is_passe
             worth.record(1, 0.002 + 3 * per_level, 0.002, Draft.chain([1, 2, 3], "t"), 3, 3 * per_level)
         pattern = [worth.drafts(100.0, flat) for _ in range(4)]
         assert pattern == [False] * 3 + [explored] and worth.next_explore == 8
+
+
+class Caterpillar(Drafter):
+    """A tree drafted level by level with a top-k (``state.top_k(4)``): each level holds the top-k children of
+    one node, and the target's next token sits at sibling rank ``rank`` of every level (absent when the top-k
+    is narrower). Drafting costs ``per_row`` seconds per level and per top-k, as an EAGLE head's does."""
+
+    def __init__(self, future, rank, per_row):
+        super().__init__(vocab_size=96)
+        self.future, self.rank, self.per_row, self.top_ks = future, rank, per_row, []
+
+    def propose(self, state):
+        depth, k = min(4, state.max_depth), state.top_k(4)
+        if depth < 1:
+            return None
+        self.top_ks.append(k)
+        time.sleep(self.per_row * depth * k)
+        done, tokens, parents, needs, spine, need = state.new_tokens, [], [], [], -1, 1
+        for level in range(depth):
+            right = self.future[done + level] if done + level < len(self.future) else 0
+            wrong = [t for t in range(96) if t != right][: k]
+            row = wrong[: self.rank] + [right] + wrong[self.rank :]
+            first = len(tokens)
+            for r, tok in enumerate(row[:k]):
+                tokens.append(tok), parents.append(spine), needs.append(max(need, r + 1))
+            if self.rank >= k:
+                break
+            spine, need = first + self.rank, needs[first + self.rank]
+        return Draft(tokens=tokens, parents=parents, sources=["t"] * len(tokens), tree_width=k, needs=needs)
+
+
+@pytest.mark.parametrize(("rank", "best"), [(0, 1), (1, 2)])
+def test_a_tree_is_drafted_at_the_narrowest_top_k_that_keeps_its_accepted_path(rank, best):
+    """Forward 2 ms; drafting 0.4 ms per level and per top-k. The target's tokens sit at sibling rank 0 (top-1
+    drafts them all, at a quarter of top-4's drafting time) or rank 1 (top-1 drafts none, top-2 all): the steps
+    after the first settle at top-k 1 or 2, learned from the full top-4 steps' needs and the measured seconds
+    (top-4 only on explorations); outputs equal autoregressive decoding."""
+    target = Target(build("llama"))
+    prompt, n = [5, 17, 33, 2, 71, 9], 90
+    expected = generate(target, Drafter(vocab_size=0), prompt, max_new_tokens=n).output_ids
+    planner = AutoBudget(CostModel([1, 64], [0], [[0.002, 0.0022]]))
+    drafter = Caterpillar(expected, rank, 0.0004)
+    rec = generate(target, drafter, prompt, max_new_tokens=n, planner=planner)
+    assert rec.output_ids == expected
+    assert 4 in drafter.top_ks[:2] and any(k < 4 for k in drafter.top_ks[:4])  # measured: full, then narrower
+    later = drafter.top_ks[8:]
+    assert later.count(best) >= 0.7 * len(later), drafter.top_ks
+    assert not any(planner.worth.capped)  # drafting itself pays at every top-k that holds the path

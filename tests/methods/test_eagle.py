@@ -79,12 +79,48 @@ def test_the_tree_expands_the_best_nodes_and_keeps_the_best_overall():
     # level 2: (0,2)=.48, (0,0)|(0,3)=.06, (1,1)=.27, (1,2)|(1,3)=.015: the 2 best are (0,2) and (1,1)
     assert calls == [[(0,), (1,)], [(0, 2), (1, 1)]]
     assert len(tree.tokens) == 2 + 4 + 4
-    tokens, parents, scores = rerank(tree, 5)
+    tokens, parents, scores, _ = rerank(tree, 5)
     # the 5 best: (0) .6, (0,2) .48, (1) .3, (1,1) .27, (0,2,0) .264; in levels, best first
     chosen = [tuple(tokens[j] for j in _chain(parents, i)) for i in range(len(tokens))]
     assert chosen == [(0,), (1,), (0, 2), (1, 1), (0, 2, 0)]
     assert scores == pytest.approx([LN(torch.tensor(v)).item() for v in (0.6, 0.3, 0.48, 0.27, 0.264)], abs=1e-5)
     assert all(p < i for i, p in enumerate(parents))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_narrower_top_k_drafts_every_candidate_whose_need_it_meets(seed):
+    """Random draft distributions fixed per token path: the tree grown with top-k w holds every candidate of the
+    top-6 tree whose ``need`` is at most w (what budget=auto prices a narrower tree by), and a candidate's need
+    is never above the full top-k."""
+    gen = torch.Generator().manual_seed(seed)
+    cache: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def dist(path):
+        if path not in cache:
+            cache[path] = torch.log_softmax(3 * torch.randn(12, generator=gen), -1)
+        return cache[path]
+
+    def paths(tree):
+        out = []
+        for i in range(len(tree.tokens)):
+            out.append((*out[tree.parents[i]], tree.tokens[i]) if tree.parents[i] >= 0 else (tree.tokens[i],))
+        return out
+
+    def expand(level, tree):
+        return torch.stack([dist(paths(tree)[i]) for i in level])
+
+    full = grow(dist(()), expand, depth=4, top_k=6)
+    assert all(1 <= n <= 6 for n in full.needs) and max(full.needs) > 1
+    for w in (1, 2, 3, 5):
+        narrow = set(paths(grow(dist(()), expand, depth=4, top_k=w)))
+        sure = {p for p, n in zip(paths(full), full.needs, strict=True) if n <= w}
+        assert sure <= narrow and len(sure) >= w  # (the root's w best at least)
+    tokens, parents, scores, needs = rerank(full, 20)
+    by_path = dict(zip(paths(full), full.needs, strict=True))
+    kept = [(tokens[i],) if parents[i] < 0 else None for i in range(len(tokens))]
+    for i in range(len(tokens)):
+        kept[i] = (*kept[parents[i]], tokens[i]) if parents[i] >= 0 else (tokens[i],)
+    assert needs == [by_path[p] for p in kept]
 
 
 def _chain(parents: list[int], i: int) -> list[int]:
@@ -101,9 +137,9 @@ def test_rerank_keeps_parents_and_orders_siblings_by_score():
     tree.add(6, -1, -0.2)
     tree.add(7, a, -0.15)
     tree.add(8, a, -0.12)
-    tokens, parents, _ = rerank(tree, 3)  # children may outscore an uncle: 6 is left out
+    tokens, parents, _, _ = rerank(tree, 3)  # children may outscore an uncle: 6 is left out
     assert tokens == [5, 8, 7] and parents == [-1, 0, 0]
-    tokens, parents, _ = rerank(tree, 4)  # by level, each level best first
+    tokens, parents, _, _ = rerank(tree, 4)  # by level, each level best first
     assert tokens == [5, 6, 8, 7] and parents == [-1, -1, 0, 0]
 
 
