@@ -42,6 +42,16 @@ SPEC_BENCH_NAMES = {
     "medusa": "Medusa",
 }
 SPEC_BENCH_PRESETS = {"sam_decoding-eagle": "SAMD[EAGLE2]"}
+# The settings of the published head rows' runs, as our method parameters (Spec-Bench's evaluation scripts;
+# EAGLE-2's and EAGLE-3's depth in our count of levels, their depth + 1): each such row of ours says whether
+# it ran them.
+PUBLISHED_SETTINGS = {
+    "SAMD[EAGLE2]": {"num_draft": 40, "len_threshold": 5, "len_bias": 5, "eagle_depth": 6, "eagle_top_k": 8,
+                     "eagle_total_tokens": 63},
+    "EAGLE2": {"depth": 6, "top_k": 10, "total_tokens": 60},
+    "EAGLE3": {"depth": 6, "top_k": 10, "total_tokens": 60},
+}
+PUBLISHED_DTYPE = "float16"
 DEFAULT_PUBLISHED = ("A100", "Vicuna-7B-v1.3")
 
 
@@ -87,6 +97,22 @@ def published_row_for(board: pd.DataFrame | None, model: str, device_name: str) 
     return DEFAULT_PUBLISHED if DEFAULT_PUBLISHED in pairs else pairs[0]
 
 
+def settings_note(preset: str, name: str, params: str | dict | None, dtype: str | None) -> str | None:
+    """For a head row whose published run's settings are known: the settings it ran and whether they match."""
+    import json
+
+    published = PUBLISHED_SETTINGS.get(name)
+    if published is None:
+        return None
+    ran = params if isinstance(params, dict) else json.loads(params or "{}")
+    differ = [f"{k} {ran.get(k, '—')} (published {v})" for k, v in published.items() if ran.get(k) != v]
+    if dtype and str(dtype) != PUBLISHED_DTYPE:
+        differ.append(f"{dtype} (published {PUBLISHED_DTYPE})")
+    shown = ", ".join(f"{k} {ran.get(k, '—')}" for k in published)
+    verdict = "the published run's settings" if not differ else "differs from the published run: " + "; ".join(differ)
+    return f"{preset} ({name}) ran {shown}, {dtype or '—'}: {verdict}."
+
+
 def _get(s: pd.Series | None, col: str) -> float:
     return float(s[col]) if s is not None and col in s and s[col] is not None else math.nan
 
@@ -116,10 +142,13 @@ def spec_bench_table(df: pd.DataFrame, paper: dict, compare: dict[str, str] | No
     rows_df["task"] = task
     overall = our_summary(rows_df)
     by_task = {t: our_summary(rows_df[rows_df["task"] == t]) for t in SPEC_BENCH_CATEGORIES}
-    records, rows, shown = [], [], set()
+    records, rows, shown, settings = [], [], set(), []
     for _, r in overall.sort_values(["model", "preset"]).iterrows():
         pick = published_row_for(board, str(r["model"]), str(r.get("device_name", "")))
         name = SPEC_BENCH_PRESETS.get(str(r["preset"])) or SPEC_BENCH_NAMES.get(str(r["method"]))
+        note = settings_note(str(r["preset"]), str(name), r.get("method_params"), r.get("dtype"))
+        if note and note not in settings:
+            settings.append(note)
         pub = None
         if pick is not None and name is not None:
             match = board[(board["device"] == pick[0]) & (board["model"] == pick[1]) & (board["method"] == name)]
@@ -153,6 +182,7 @@ def spec_bench_table(df: pd.DataFrame, paper: dict, compare: dict[str, str] | No
         "Our speedup: the ratio of token rates, method over the autoregressive rows of the same job; mean "
         "accepted tokens: 1 + accepted guesses per decoding step (the prefill is not a step); MT-Bench's eight "
         "categories are Spec-Bench's mt_bench task.",
+        *settings,
         INTERVAL_NOTE,
         ACROSS_MACHINES,
         f"Ours measured on: {_machines(df)}.",

@@ -14,7 +14,7 @@ import pytest
 from specbench.data.chat import SPEC_BENCH_CATEGORIES
 from specbench.results.rows import load_results
 from specbench.tables import report
-from specbench.tables.spec_bench import load_leaderboard, published_row_for, spec_bench_table
+from specbench.tables.spec_bench import load_leaderboard, published_row_for, settings_note, spec_bench_table
 
 ROOT = Path(__file__).resolve().parents[2]
 BOARD = (
@@ -100,6 +100,40 @@ def test_trained_head_methods_meet_their_leaderboard_rows(board_dir):
     assert paper[("medusa", "overall")] == pytest.approx(1.71)
     assert paper[("sam_decoding-eagle", "overall")] == pytest.approx(2.73)
     assert math.isnan(paper[("sam_decoding", "overall")])
+
+
+@pytest.mark.parametrize(("model", "preset", "name", "same"), [
+    ("vicuna-7b", "sam_decoding-eagle", "SAMD[EAGLE2]", True), ("vicuna-7b", "eagle", "EAGLE2", True),
+    ("vicuna-13b", "eagle3", "EAGLE3", True), ("llama3.1-8b", "eagle3", "EAGLE3", True),
+    ("vicuna-7b", "sam_decoding-eagle-samd", "SAMD[EAGLE2]", False), ("vicuna-7b", "eagle3-cpu", "EAGLE3", False),
+    ("smollm2-135m", "eagle", "EAGLE2", False)])
+def test_head_presets_run_the_published_settings_and_say_so(model, preset, name, same):
+    """The presets beside a published head row run its settings (the tree, SAM-Decoding's thresholds, fp16);
+    a variant, a CPU budget or another precision is named as a difference."""
+    from omegaconf import OmegaConf
+
+    from tests.run.test_experiments import compose_cfg
+
+    cfg = compose_cfg(f"model={model}", f"method={preset}")
+    note = settings_note(preset, name, OmegaConf.to_container(cfg.method, resolve=True), str(cfg.model.dtype))
+    assert note.startswith(f"{preset} ({name}) ran ")
+    assert ("the published run's settings" in note) == same, note
+
+
+def test_the_table_names_the_settings_each_head_row_ran(board_dir):
+    out = []
+    for sid in CATEGORY_OF:
+        out.append(row("autoregressive", sid, [1] * 8, 1.0))
+        params = '{"num_draft": 40, "len_threshold": 5, "len_bias": 5, "eagle_depth": 6, "eagle_top_k": 4, ' \
+                 '"eagle_total_tokens": 63}'
+        out.append({**row("sam_decoding", sid, [1, 3, 2, 2], 0.5), "preset": "sam_decoding-eagle",
+                    "method_params": params})
+        out.append({**row("pld", sid, [1, 3, 2, 2], 0.5), "method_params": '{"num_draft": 10}'})
+    notes = spec_bench_table(pd.DataFrame(out), {"spec_bench": load_leaderboard(board_dir)}).notes
+    ran = [n for n in notes if " ran " in n]
+    assert ran == ["sam_decoding-eagle (SAMD[EAGLE2]) ran num_draft 40, len_threshold 5, len_bias 5, eagle_depth 6, "
+                   "eagle_top_k 4, eagle_total_tokens 63, float16: differs from the published run: eagle_top_k 4 "
+                   "(published 8)."]
 
 
 def test_the_published_row_follows_the_device_and_model_seen(board_dir):
