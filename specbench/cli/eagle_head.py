@@ -22,6 +22,7 @@ from specbench.drafting.eagle_drafter import trained_head_dir
 from specbench.drafting.eagle_head import KINDS, EagleHead, HeadConfig, save_head
 from specbench.drafting.eagle_training import (
     TTT_STEPS,
+    answer_starts,
     draft_vocabulary,
     encode,
     features_of,
@@ -90,6 +91,8 @@ def main(argv: list[str] | None = None) -> Path:
     if args.kind == "eagle3":
         d2t = draft_vocabulary(sequences, args.draft_vocab)
         kind_cfg.draft_vocab_size = d2t.numel()
+    data = [(ids, feats, start) for (ids, feats, *_), start in
+            zip(data, answer_starts(loaded.tokenizer, pairs, sequences), strict=True)]  # EAGLE's loss: the answers
     n_held = max(1, round(len(data) * args.heldout))
     heldout, train_set = data[:n_held], data[n_held:][: args.conversations or None]
     if not train_set:
@@ -106,7 +109,7 @@ def main(argv: list[str] | None = None) -> Path:
     ttt = f"-ttt{steps}" if steps > 1 else ""
     state, keep = _checkpointing(work / f"checkpoint-{args.kind}-{len(train_set)}x{args.max_len}{ttt}.pt")
 
-    tokens = sum(int(ids.numel()) for ids, _ in train_set)
+    tokens = sum(int(entry[0].numel()) for entry in train_set)
     print(f"{len(train_set)} conversations ({tokens} tokens) to train on, {n_held} held out; "
           f"head of {sum(p.numel() for p in head.parameters()) / 1e6:.1f}M parameters")
     state = train(head, lm_weight, embed, train_set, heldout, epochs=args.epochs, lr=args.lr, seed=int(cfg.seed),
@@ -145,7 +148,7 @@ def _train_medusa(args, loaded, data, train_set, heldout, work: Path, out: Path,
     lm_weight = model.get_output_embeddings().weight.detach().float()
     lm_head = lambda x: F.linear(x, lm_weight)  # noqa: E731 - the target's, frozen, with autograd
     state, keep = _checkpointing(work / f"checkpoint-medusa-{len(train_set)}x{args.max_len}.pt")
-    tokens = sum(int(ids.numel()) for ids, _ in train_set)
+    tokens = sum(int(entry[0].numel()) for entry in train_set)
     print(f"{len(train_set)} conversations ({tokens} tokens) to train on, {len(heldout)} held out; "
           f"{args.medusa_heads} heads of {sum(p.numel() for p in heads.parameters()) / 1e6:.1f}M parameters in all")
     state = medusa_train(heads, lm_head, lm_weight, train_set, heldout, epochs=args.epochs, lr=args.lr,

@@ -117,7 +117,7 @@ class HeadConfig:
                "vocab_size": self.vocab_size, "bias": self.bias, "target_num_hidden_layers": self.target_layers,
                "max_position_embeddings": self.max_position_embeddings}
         if self.rope_scaling is not None:
-            out["rope_scaling"] = self.rope_scaling
+            out["rope_scaling"] = reference_scaling(self.rope_scaling)
         if self.kind == "eagle3":
             out["draft_vocab_size"] = self.draft_vocab_size or self.vocab_size
             out["target_hidden_size"] = self.target_hidden_size
@@ -165,6 +165,14 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
         return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+
+
+def reference_scaling(rope: dict) -> dict:
+    """``rope_scaling`` as EAGLE's reference loader reads it, ``{"type", "factor"}`` alone (linear and dynamic, all
+    it knows); other kinds in transformers' form, which that loader cannot read (README)."""
+    rest = {k: v for k, v in rope.items() if k != "rope_type"}
+    ok = rope["rope_type"] in ("linear", "dynamic") and set(rest) == {"factor"}
+    return {"type": rope["rope_type"], "factor": rest["factor"]} if ok else dict(rope)
 
 
 def scaling_of(rope: dict | None) -> dict | None:

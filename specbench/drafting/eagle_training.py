@@ -6,15 +6,22 @@ evaluation set contains (:func:`offline_conversations`): the language reference'
 modules, classes and functions ("what does X do?" → its docstring), parsed from the source, never imported. The target runs each once; its features (the hidden states
 the head reads) are kept, so epochs cost the head alone.
 
-Loss (EAGLE-1/2): at every position t the head reads ``(f_t + noise, embedding of x_{t+1})`` and predicts
-``f_{t+1}``: SmoothL1 to the true feature plus 0.1 × the cross-entropy of its LM-head distribution against
-the target's (soft labels), the reference's weights; the noise is uniform, ±0.1 × 512 / length, as the
-reference adds it. EAGLE-3 (no feature loss, no noise): the cross-entropy alone, over the head's draft
-vocabulary, with the training-time test: the head's own outputs fed back for ``steps`` draft steps (seven,
-the reference's), step s weighted 0.8 ** s (:func:`head_loss`).
+Loss (EAGLE-1/2): at every position t of the answer (the reference's loss mask: the prompt and the chat
+template's header before the answer are left out) the head reads ``(f_t + noise, embedding of x_{t+1})`` and
+predicts ``f_{t+1}``: SmoothL1 to the true feature plus 0.1 × the cross-entropy of its LM-head distribution
+against the target's (soft labels), the reference's weights, each a mean over the answer's positions; the
+noise is uniform, ±0.1 × 512 / length, as the reference adds it. EAGLE-3 (no feature loss, no noise): the
+cross-entropy alone, over the head's draft vocabulary, with the training-time test: the head's own outputs
+fed back for ``steps`` draft steps (seven, the reference's), step s weighted 0.8 ** s (:func:`head_loss`);
+as the reference, a position counts only in the answer and when the target's token is in the draft
+vocabulary, and the sum is divided by all of the step's positions.
 
-Held-out: the loss and the head's top-1 agreement with the target's next token on held-out conversations,
-teacher-forced (the acceptance rate of a depth-1 guess, α), and with the training-time test, per step.
+Held-out: the loss and the head's top-1 agreement with the target's next token at the held-out
+conversations' answer positions, teacher-forced (the acceptance rate of a depth-1 guess, α), and with the
+training-time test, per step.
+
+A data item is ``(ids, features)`` or ``(ids, features, answer_start)``: the index of the answer's first
+token (:func:`answer_starts`; 0, every position, when absent).
 """
 
 from __future__ import annotations
@@ -92,6 +99,27 @@ def encode(tokenizer, pairs: list[tuple[str, str]], max_len: int) -> list[list[i
     return out
 
 
+def answer_starts(tokenizer, pairs: list[tuple[str, str]], sequences: list[list[int]]) -> list[int]:
+    """Where each encoded pair's answer starts: the length of its question through the chat template with the
+    assistant's header (or of the question and its newline as plain text), within the sequence."""
+    out = []
+    for (question, _), ids in zip(pairs, sequences, strict=True):
+        if getattr(tokenizer, "chat_template", None):
+            head = tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=True,
+                                                 add_generation_prompt=True)
+            head = head["input_ids"] if isinstance(head, dict) or hasattr(head, "keys") else head
+        else:
+            head = tokenizer(question + "\n")["input_ids"]
+        out.append(min(len(head), len(ids)))
+    return out
+
+
+def item(entry) -> tuple[torch.Tensor, dict[int, torch.Tensor], int]:
+    """A data item as (ids, features, answer start)."""
+    ids, feats, *rest = entry
+    return ids, feats, int(rest[0]) if rest else 0
+
+
 @torch.no_grad()  # not inference mode: training reads these tensors under autograd
 def features_of(model, sequences: list[list[int]], layers: tuple[int, ...], progress: bool = True
                 ) -> list[tuple[torch.Tensor, dict[int, torch.Tensor]]]:
@@ -110,8 +138,9 @@ TTT_DECAY = 0.8  # step i's loss weight is 0.8 ** i (the reference's)
 
 def head_loss(head: EagleHead, lm_weight: torch.Tensor, embed: torch.nn.Module, ids: torch.Tensor,
               feats: dict[int, torch.Tensor], noise: float = 0.0, generator: torch.Generator | None = None,
-              steps: int = 1) -> tuple[torch.Tensor, list[float], list[int]]:
-    """The loss of one sequence, and per draft step its correct guesses and how many were judged.
+              steps: int = 1, start: int = 0) -> tuple[torch.Tensor, list[float], list[int]]:
+    """The loss of one sequence whose answer starts at token ``start``, and per draft step its correct guesses
+    and how many were judged (at the answer's positions).
 
     EAGLE-1/2 (one step): the head reads true features. EAGLE-3 with ``steps`` > 1 unrolls the training-time
     test: step s reads, at every position t, the head's own step-(s-1) output (its predicted feature at
@@ -131,21 +160,25 @@ def head_loss(head: EagleHead, lm_weight: torch.Tensor, embed: torch.nn.Module, 
     for s, pred in enumerate(unroll(head, x, lambda a, b: embed(ids[a:b]).float().detach(), steps)):
         rows = pred.shape[0]
         target_logits, truth = target_all[s + 1 : s + 1 + rows], truth_all[s + 1 : s + 1 + rows]
+        answer = torch.arange(rows) + s >= start  # row t of step s reads position t + s: its token in the answer
         if head.c.kind == "eagle":
             logits = F.linear(pred, lm_weight)
-            cls = -(target_logits.softmax(-1) * logits.log_softmax(-1)).sum(-1).mean()
-            loss = F.smooth_l1_loss(pred, feats[-1][1:]) + W_CLS * cls
+            if answer.any():
+                cls = -(target_logits[answer].softmax(-1) * logits[answer].log_softmax(-1)).sum(-1).mean()
+                loss = F.smooth_l1_loss(pred[answer], feats[-1][1:][answer]) + W_CLS * cls
+            else:
+                loss = pred.sum() * 0
             guess = logits.argmax(-1)
-        else:  # over the draft vocabulary; positions whose target token it lacks are left out, as the reference does
+        else:  # over the draft vocabulary; positions whose target token it lacks count 0, as the reference's
             logits = head.logits(pred, None)
             used = head.to_target_ids(torch.arange(logits.shape[1]))
-            inside = torch.isin(truth, used)
+            counted = torch.isin(truth, used) & answer
             ce = -(target_logits[:, used].softmax(-1) * logits.log_softmax(-1)).sum(-1)
-            loss = ce[inside].mean() if inside.any() else ce.sum() * 0
+            loss = (ce * counted).sum() / rows
             guess = head.to_target_ids(logits.argmax(-1))
         total = total + TTT_DECAY ** s * loss
-        right.append(float((guess == truth).sum()))
-        judged.append(int(truth.numel()))
+        right.append(float((guess == truth)[answer].sum()))
+        judged.append(int(answer.sum()))
     return total, right, judged
 
 
@@ -184,8 +217,9 @@ def evaluate(head, lm_weight, embed, data, steps: int = 1) -> tuple[float, list[
     head.eval()
     total, right, judged = 0.0, [0.0] * steps, [0] * steps
     with torch.no_grad():
-        for ids, feats in data:
-            loss, r, j = head_loss(head, lm_weight, embed, ids, feats, steps=steps)
+        for entry in data:
+            ids, feats, start = item(entry)
+            loss, r, j = head_loss(head, lm_weight, embed, ids, feats, steps=steps, start=start)
             total += float(loss)
             for s in range(len(r)):
                 right[s], judged[s] = right[s] + r[s], judged[s] + j[s]
@@ -243,8 +277,8 @@ def train(head: EagleHead, lm_weight: torch.Tensor, embed, train_set, heldout_se
     noise = NOISE if head.c.kind == "eagle" else 0.0  # EAGLE-3's reference adds none
 
     def step_loss(i, _rng):
-        ids, feats = train_set[i]
-        return head_loss(head, lm_weight, embed, ids, feats, noise, gen, steps=steps)[0]
+        ids, feats, start = item(train_set[i])
+        return head_loss(head, lm_weight, embed, ids, feats, noise, gen, steps=steps, start=start)[0]
 
     def evaluate_now():
         loss, alphas = evaluate(head, lm_weight, embed, heldout_set, steps=steps)

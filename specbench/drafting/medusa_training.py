@@ -50,7 +50,8 @@ def evaluate(heads: MedusaHeads, lm_head, lm_weight, data) -> tuple[float, list[
     hits = torch.zeros(k, RANKS)
     total, judged, losses = 0, 0, 0.0
     with torch.no_grad():
-        for _ids, feats in data:
+        for entry in data:
+            feats = entry[1]
             m = usable_rows(feats[-1].shape[0], k)
             if not m:
                 continue

@@ -20,11 +20,15 @@ from specbench.drafting.dynamic_tree import Tree, grow, rerank
 from specbench.drafting.eagle_drafter import head_dir, trained_head_dir
 from specbench.drafting.eagle_head import EagleHead, HeadConfig, eagle3_layers, save_head
 from specbench.drafting.eagle_training import (
+    W_CLS,
+    answer_starts,
     draft_vocabulary,
     evaluate,
     features_of,
+    head_loss,
     offline_conversations,
     train,
+    unroll,
 )
 from specbench.drafting.head_formats import load_head
 from specbench.drafting.medusa_head import (
@@ -353,6 +357,9 @@ def test_head_positions_rotate_as_transformers_llama_does(scaling, tmp_path):
 
     c = tiny_config("eagle", rope_theta=500000.0, rope_scaling=scaling, max_position_embeddings=128)
     save_head(EagleHead(c), tmp_path)
+    written = json.loads((tmp_path / "config.json").read_text()).get("rope_scaling")
+    if scaling and "type" in scaling:  # as the reference's loader reads it: exactly {"type", "factor"}
+        assert written == scaling
     loaded = load_head(tmp_path, target_config())
     assert loaded.c.rope_scaling == c.rope_scaling and loaded.c.rope_theta == 500000.0
     x, pos = torch.randn(4, 300, HIDDEN // 4), torch.arange(300)
@@ -470,6 +477,73 @@ def test_training_an_eagle3_head_lowers_its_loss(tiny_llama):
     # ~3.4 nats, so the gain is small in absolute terms
     assert evaluate(head, lm, emb, data[:2])[0] < before - 0.1
     assert len(state["history"][-1]["alpha_by_step"]) == 3  # α of each unrolled step, held out
+
+
+def test_eagles_loss_counts_the_answer_alone_as_the_reference_masks_the_prompt(tiny_llama):
+    """EAGLE-1's loss at answer start k: SmoothL1 and 0.1 × the soft cross-entropy, each a mean over the rows
+    from k on (the reference's loss mask), α judged on those rows; the prompt's rows change nothing."""
+    import torch.nn.functional as F
+
+    model = tiny_llama.model
+    ids = torch.tensor([5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16])
+    (_, feats), = features_of(model, [ids.tolist()], (-1,), progress=False)
+    torch.manual_seed(0)
+    head = EagleHead(HeadConfig.for_target("eagle", model.config))
+    lm, emb = model.get_output_embeddings().weight.detach().float(), model.get_input_embeddings()
+    with torch.no_grad():
+        pred = next(unroll(head, head.fuse(feats)[:-1], lambda a, b: emb(ids[a:b]).float(), 1))
+        logits, target = F.linear(pred, lm), F.linear(feats[-1], lm)[1:]
+        for k in (0, 4, 9):
+            loss, right, judged = head_loss(head, lm, emb, ids, feats, start=k)
+            cls = -(target[k:].softmax(-1) * logits[k:].log_softmax(-1)).sum(-1).mean()
+            want = F.smooth_l1_loss(pred[k:], feats[-1][1:][k:]) + W_CLS * cls
+            assert float(loss) == pytest.approx(float(want), rel=1e-5) and judged == [len(ids) - 1 - k]
+        assert float(head_loss(head, lm, emb, ids, feats, start=4)[0]) != pytest.approx(
+            float(head_loss(head, lm, emb, ids, feats)[0]), rel=1e-3)
+
+
+def test_eagle3s_cross_entropy_divides_by_every_position_as_the_reference(tiny_llama):
+    """EAGLE-3's soft cross-entropy sums over the answer's positions whose target token is in the draft
+    vocabulary and divides by all positions of the step (the reference's mean), not by the counted ones."""
+    model = tiny_llama.model
+    ids = torch.tensor([5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16])
+    c = HeadConfig.for_target("eagle3", model.config)
+    (_, feats), = features_of(model, [ids.tolist()], (*c.feature_layers(), -1), progress=False)
+    lm, emb = model.get_output_embeddings().weight.detach().float(), model.get_input_embeddings()
+    target = torch.nn.functional.linear(feats[-1], lm)[1:]
+    truth = target.argmax(-1).tolist()
+    # a draft vocabulary of 8 holding the target's tokens at rows 3-5 and none of those at rows 8-10
+    filler = [t for t in range(128) if t not in truth][: 8 - len(set(truth[3:6]))]
+    d2t = draft_vocabulary([truth[3:6] + filler], 8)
+    c.draft_vocab_size = d2t.numel()
+    torch.manual_seed(0)
+    head = EagleHead(c)
+    head.d2t.copy_(d2t)
+    with torch.no_grad():
+        pred = next(unroll(head, head.fuse(feats)[:-1], lambda a, b: emb(ids[a:b]).float(), 1))
+        logits = head.logits(pred, None)
+        used = head.to_target_ids(torch.arange(8))
+        ce = -(target[:, used].softmax(-1) * logits.log_softmax(-1)).sum(-1)
+        counted = torch.isin(target.argmax(-1), used) & (torch.arange(len(ids) - 1) >= 3)
+        assert 0 < int(counted.sum()) < len(ids) - 1 - 3  # some answer positions fall outside the vocabulary
+        loss = float(head_loss(head, lm, emb, ids, feats, start=3)[0])
+    assert loss == pytest.approx(float((ce * counted).sum() / (len(ids) - 1)), rel=1e-5)
+    assert loss < float(ce[counted].mean())  # the mean over counted positions would be larger
+
+
+def test_answer_starts_are_where_the_template_hands_over_to_the_answer(smollm2):
+    """The question through the chat template with the assistant's header is the encoded pair's prefix; the
+    answer starts right after it."""
+    from specbench.drafting.eagle_training import encode
+
+    tok = smollm2.tokenizer
+    pairs = [("What is two plus two?", "Four, since two and two make four."), ("Name a colour.", "Blue.")]
+    seqs = encode(tok, pairs, 512)
+    for (question, answer), ids, start in zip(pairs, seqs, answer_starts(tok, pairs, seqs), strict=True):
+        assert 0 < start < len(ids)
+        assert tok.decode(ids[start:]).strip().startswith(answer.split()[0])
+        assert answer.split()[0] not in tok.decode(ids[:start]) and question in tok.decode(ids[:start])
+    assert answer_starts(tok, pairs, [s[:5] for s in seqs]) == [5, 5]  # cut short: the sequence's end
 
 
 def test_the_training_time_test_sees_what_a_draft_chain_sees(tiny_llama):
