@@ -226,17 +226,19 @@ class DraftWorth:
         and for each narrower top-k, whether all of it (and which of its guesses) that top-k drafts too."""
         self._full_steps += 1
         w = max(1.0 / 32, 1.0 / self._full_steps)
-        depths, needs = draft.depths(), draft.needs
+        depths = draft.depths()
+        needs = draft.needs or [1] * len(depths)  # guesses not from the tree (a SAM-Decoding match): any top-k
+        narrower = widths(self.full_width)[1:] if self.full_width else []
         path_need = 0
         for k in range(1, max(depths, default=0) + 1):
             self.tried[k] += 1
             self.reached[k] += tokens - 1 >= k
-            if needs is not None and accepted is not None and k <= len(accepted):
+            if accepted is not None and k <= len(accepted):
                 path_need = max(path_need, needs[accepted[k - 1]])
-                for n in widths(self.full_width)[1:]:
+                for n in narrower:
                     self.within[(k, n)] += path_need <= n
         for d in range(1, max(max(depths, default=0), max(self.kept, default=0)) + 1):
             self.kept[d] = self.kept.get(d, 0.0) + w * (sum(x <= d for x in depths) - self.kept.get(d, 0.0))
-            for n in widths(self.full_width)[1:] if needs is not None else []:
+            for n in narrower:
                 kept = sum(x <= d and y <= n for x, y in zip(depths, needs, strict=True))
                 self.kept_narrow[(d, n)] = self.kept_narrow.get((d, n), 0.0) + w * (kept - self.kept_narrow.get((d, n), 0.0))

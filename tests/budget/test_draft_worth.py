@@ -212,3 +212,19 @@ def test_a_tree_is_drafted_at_the_narrowest_top_k_that_keeps_its_accepted_path(r
     later = drafter.top_ks[8:]
     assert later.count(best) >= 0.7 * len(later), drafter.top_ks
     assert not any(planner.worth.capped)  # drafting itself pays at every top-k that holds the path
+
+
+def test_the_chance_at_a_narrower_top_k_comes_from_the_full_steps_needs():
+    """Two full-top-4 steps: a tree whose accepted path needed top-3, and a SAM-Decoding-style chain (no needs:
+    any top-k drafts it), both accepted to depth 2. Top-4 and top-3 keep both paths, top-2 and top-1 only
+    the chain's; a step drafted at top-2 teaches no acceptance."""
+    worth = DraftWorth()
+    tree = Draft(tokens=[1, 2, 3, 4, 5], parents=[-1, -1, -1, -1, 2], tree_width=4, needs=[1, 2, 3, 4, 3])
+    worth.record(3, 1.0, 1.0, tree, 2, 0.1, accepted=[2, 4])
+    worth.record(3, 1.0, 1.0, Draft.chain([7, 8], "prompt"), 2, 0.1, accepted=[0, 1])
+    assert worth.full_width == 4
+    assert [worth._reach(2, w) for w in (4, 2, 1)] == [1.0, 0.5, 0.5]
+    narrow = Draft(tokens=[1, 2], parents=[-1, -1], tree_width=2, needs=[1, 2])
+    worth.record(1, 1.0, 1.0, narrow, 1, 0.05, accepted=[])
+    assert worth.tried[1] == 2 and worth.reached[1] == 2  # unchanged
+    assert worth.kept_narrow[(1, 2)] == pytest.approx(1.5) and worth.kept[1] == pytest.approx(2.5)
