@@ -168,11 +168,9 @@ class RMSNorm(nn.Module):
 
 
 def reference_scaling(rope: dict) -> dict:
-    """``rope_scaling`` as EAGLE's reference loader reads it, ``{"type", "factor"}`` alone (linear and dynamic, all
-    it knows); other kinds in transformers' form, which that loader cannot read (README)."""
-    rest = {k: v for k, v in rope.items() if k != "rope_type"}
-    ok = rope["rope_type"] in ("linear", "dynamic") and set(rest) == {"factor"}
-    return {"type": rope["rope_type"], "factor": rest["factor"]} if ok else dict(rope)
+    """``rope_scaling`` as EAGLE's loader reads it (linear, dynamic: {type, factor}), else transformers' (README)."""
+    ok = rope["rope_type"] in ("linear", "dynamic") and set(rope) == {"rope_type", "factor"}
+    return {"type": rope["rope_type"], "factor": rope["factor"]} if ok else dict(rope)
 
 
 def scaling_of(rope: dict | None) -> dict | None:

@@ -67,7 +67,8 @@ def lookahead_rest(path, vocab=10, tokenizer=None, **kw):
         ("spectra", SpectraConfig(context_ngrams=False)),  # "auto" under the preset's fixed budget
         ("spectra-cpu", SpectraConfig(**SMALL, context_ngrams=True)),
         ("lookahead_rest", LookaheadRestConfig()),
-        ("lookahead_rest-cpu", LookaheadRestConfig(window=5, ngram=4, guesses=5, max_nodes=16, max_continuation=8)),
+        ("lookahead_rest-cpu", LookaheadRestConfig(window=5, ngram=4, guesses=5, pool_from_prompt=True, max_nodes=16,
+                                                   max_continuation=8)),
     ],
 )
 def test_presets(preset, expected):

@@ -54,6 +54,7 @@ def test_every_linear_of_a_model_is_packed_and_the_load_says_so():
     assert pack_linears(packed.model) == 0  # nothing left to pack
 
 
+@pytest.mark.slow
 def test_greedy_outputs_are_the_same_with_packed_and_plain_linears_at_every_block_size(smollm2):
     """SmolLM2, fp32: autoregressive decoding and a drafter that proposes blocks of 1 to 8 tokens, packed and
     plain, all give the same tokens."""

@@ -170,17 +170,21 @@ def run_cli(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.parametrize(
+@pytest.mark.parametrize(  # each a run.py process (~3 s); make test-slow runs them all
     "args,message",
     [
         (["model=tiny-lama"], "unknown model 'tiny-lama'; did you mean 'tiny-llama'"),
         (["method=nope"], "unknown method 'nope'"),
         (["experiment=smoke", "max_new_tokens=0"], "max_new_tokens must be a positive"),
-        (["experiment=smoke", "dataset=gsm8k", "dataset.path=/nonexistent/gsm8k.jsonl"], "gsm8k"),
-        (["experiment=smoke", "limit=abc"], "limit must be a positive number of samples (or null for all)"),
+        pytest.param(["experiment=smoke", "dataset=gsm8k", "dataset.path=/nonexistent/gsm8k.jsonl"], "gsm8k",
+                     marks=pytest.mark.slow),
+        pytest.param(["experiment=smoke", "limit=abc"], "limit must be a positive number of samples (or null for all)",
+                     marks=pytest.mark.slow),
         (["experiment=smoke", "method.foo=1"], "unknown setting of method spectra_core 'foo'"),
-        (["experiment=smoke", "method.pool_size=x"], "pool_size must be a whole number, got 'x'"),
-        (["experiment=smoke", "max_new_token=5"], "unknown setting 'max_new_token'; did you mean 'max_new_tokens'"),
+        pytest.param(["experiment=smoke", "method.pool_size=x"], "pool_size must be a whole number, got 'x'",
+                     marks=pytest.mark.slow),
+        pytest.param(["experiment=smoke", "max_new_token=5"],
+                     "unknown setting 'max_new_token'; did you mean 'max_new_tokens'", marks=pytest.mark.slow),
         (["experiment=smoke", "dataset=gsm8k", "dataset.path={broken}"], "broken.jsonl line 2 is not valid JSON"),
     ],
 )

@@ -32,7 +32,7 @@ EXPECTED_ELSEWHERE: set[str] = set()  # method presets an experiment may name be
 EXPERIMENTS = conf_choices("experiment")
 SMOKES = [e for e in EXPERIMENTS if e.endswith("_smoke")]
 # Smoke sweeps short enough for the fast suite (each is one CLI process; the others are marked slow).
-FAST_SMOKES = {"table6_smoke", "table7_smoke"}
+FAST_SMOKES = {"table7_smoke"}
 
 
 def sweep_params(experiment: str) -> dict[str, list[str]]:

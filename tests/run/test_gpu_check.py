@@ -27,6 +27,7 @@ SIM_METHODS = ("pld", "spectra", "token_recycling", "sps", "eagle", "medusa", "s
 CPU_METHODS = tuple(m for m in method_names() if m not in SIM_METHODS and m != "autoregressive")
 
 
+@pytest.mark.slow
 def test_every_check_runs_on_the_cpu_with_tiny_shapes(capsys):
     cli.main(["--device", "cpu", "--tiny", "--layers", "2", "--speed-layers", "2", "--tokens", "16",
               "--long-context", "160", "--models", "llama2-7b", "--methods", *CPU_METHODS])  # llama3-8b: below

@@ -166,6 +166,7 @@ def test_concurrent_jobs_of_one_run_lose_no_row(tmp_path, shards):
     assert set(map(tuple, on_disk[keys].values)) == set(map(tuple, df[keys].values))
 
 
+@pytest.mark.slow
 def test_job_stops_before_work_when_its_results_file_is_unreadable(tmp_path):
     first = _job(tmp_path, "limit=1")
     assert first.wait(timeout=300) == 0

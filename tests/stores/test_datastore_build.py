@@ -101,6 +101,7 @@ def test_gated_source_says_how_to_authenticate(monkeypatch):
         corpus.open_corpus("the-stack-python")
 
 
+@pytest.mark.slow
 def test_missing_store_and_mismatch_through_run_py(cache, tmp_path, corpus_dir):
     env = {**os.environ, "SPECBENCH_CACHE": str(cache)}
     args = [sys.executable, "run.py", "experiment=smoke", "method=rest", f"results_dir={tmp_path}/r", "progress=false"]

@@ -152,6 +152,7 @@ def test_a_missing_leaderboard_leaves_published_cells_empty_and_says_where_it_go
     assert "spec_bench_dir" in t.markdown() and "2.00" in t.markdown()
 
 
+@pytest.mark.slow
 def test_the_spec_bench_smoke_sweep_runs_and_reports(tmp_path):
     """experiment=spec_bench_smoke end to end with nothing set (the project's own sample questions), then the
     report from its rows: six task columns, the baseline at 1.00, the shipped leaderboard's figures beside ours."""
