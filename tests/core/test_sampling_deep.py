@@ -88,6 +88,7 @@ def test_speculative_sampling_deep():
     assert max(accepted) >= 2 and 0 in accepted  # deep acceptances and rejections both happened
 
 
+@pytest.mark.slow
 def test_specdec_pp_deep_with_a_head_whose_length_varies(tmp_path):
     """SpecDec++: the acceptance head decides each step's length (here 1 to 4 tokens)."""
     ctx = _draft_context(T1)

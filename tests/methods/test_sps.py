@@ -223,7 +223,8 @@ def small_draft(vocab: int = 6, seed: int = 1):
 
 
 @pytest.mark.parametrize(
-    "params", [SamplingParams(temperature=1.0), SamplingParams(temperature=1.0, top_p=0.9)], ids=["t1", "top_p"]
+    "params", [SamplingParams(temperature=1.0), pytest.param(SamplingParams(temperature=1.0, top_p=0.9),
+                                                           marks=pytest.mark.slow)], ids=["t1", "top_p"]
 )
 @pytest.mark.parametrize("draft", ["separate", pytest.param("self", marks=pytest.mark.slow)])
 def test_sampling_keeps_the_target_distribution(params, draft):

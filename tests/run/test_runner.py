@@ -86,6 +86,7 @@ def test_rerun_resumes_and_extends(tmp_path):
     assert second.sample_id.nunique() == 2
 
 
+@pytest.mark.slow
 def test_killed_run_loses_at_most_the_sample_in_flight(tmp_path):
     args = [
         sys.executable,

@@ -82,6 +82,7 @@ def test_table_view_keeps_rows_with_our_figures_and_columns_with_any():
     assert table_view("t", "T", data.assign(ours=None), []) is None
 
 
+@pytest.mark.slow
 def test_site_command_and_a_missing_results_folder(results, tmp_path):
     done = subprocess.run([sys.executable, "-m", "specbench.report", "site", "--results", str(results), "--out",
                            str(tmp_path / "s")], capture_output=True, text=True, cwd=ROOT, timeout=300)
