@@ -9,7 +9,8 @@ repeats, [its 95% paired bootstrap interval over prompts]), the plain time
 ratio (Σ baseline time / Σ method time: the same figure when the outputs have
 equal lengths, inflated or deflated by length when sampling makes them
 differ), the speedup modelled by the cost curve that ``auto`` plans with
-(model: each decode step costs t(root + guesses + aux nodes, context); shown
+(model: each decode step costs t(root + guesses + aux nodes, context) plus its
+drafting's measured seconds, the two parts ``auto`` prices; shown
 when a preset runs ``budget=auto``), Mac-TP, Mic-TP, tokens per decode
 forward (q/fwd: the root, the guesses and the auxiliary nodes), the share of steps that sent auxiliary nodes
 and how many they sent on average (aux: ``budget=auto`` chooses the pool's
@@ -129,7 +130,7 @@ class Tally:
         self.forward_tokens = 0  # tokens sent per decode forward: root + guesses + auxiliary nodes
         self.step_tokens: list[int] = []
         self.step_times: list[float] = []
-        self.modelled_s = 0.0  # decode time under the planning cost curve: Σ t(1 + guesses + aux, context)
+        self.modelled_s = 0.0  # decode time as auto plans it: Σ t(1 + guesses + aux, context) + drafting's seconds
         self.runs: list[tuple[int, int, int, float]] = []  # (prompt, repeat, tokens, seconds) of each generation
 
     def add(self, rec, seconds: float, same: bool, cost: CostModel | None = None, prompt: int = 0,
@@ -137,8 +138,9 @@ class Tally:
         self.runs.append((prompt, repeat, rec.new_tokens, seconds))
         if cost is not None:
             context = rec.prompt_len + rec.step_tokens[0]
-            for q, a, k in zip(rec.step_drafted[1:], rec.step_aux[1:], rec.step_tokens[1:], strict=True):
-                self.modelled_s += cost(1 + q + a, context)
+            for q, a, k, d in zip(rec.step_drafted[1:], rec.step_aux[1:], rec.step_tokens[1:], rec.step_draft_s[1:],
+                                  strict=True):
+                self.modelled_s += cost(1 + q + a, context) + d  # drafting priced as measured, as auto prices it
                 context += k
         self.n += 1
         self.match += same
@@ -284,6 +286,9 @@ def main() -> None:
                     "replicates the run); speedups then show ±their spread over repeats")
     ap.add_argument("--no-hf-pld", action="store_true", help="leave out transformers' prompt lookup")
     ap.add_argument("--stores", nargs="*", default=[], help="DATASET=STORE: the store retrieval presets read")
+    ap.add_argument("--remeasure", action="store_true",
+                    help="measure the cost curve anew (and cache it): a curve measured while the machine ran at "
+                    "another speed (other load, another clock) skews the plan and the model column")
     ap.add_argument("--flat-cost", action="store_true",
                     help="<preset>:auto plans with a flat (GPU-like) cost curve instead of this machine's")
     ap.add_argument("--plan-dtype", help="<preset>:auto plans with this dtype's cost curve (measured with the "
@@ -318,10 +323,10 @@ def main() -> None:
             if args.flat_cost:
                 cost = CostModel.flat()
             elif plan == dtype:
-                cost = load_or_measure(loaded, args.model, dtype, attn)
+                cost = load_or_measure(loaded, args.model, dtype, attn, remeasure=args.remeasure)
             else:  # another dtype's curve: measured (or read from the cache) with the model in that dtype
                 cost = load_or_measure(load_model(OmegaConf.merge(model_cfg, {"dtype": plan}), hardware_cfg),
-                                       args.model, plan, attn)
+                                       args.model, plan, attn, remeasure=args.remeasure)
             print(f"cost curve ({plan}{', flat: GPU-like' if args.flat_cost else ''}):\n{cost.table()}")
         for name in args.datasets:
             found = dataset_prompts(name, loaded.tokenizer, model_cfg, limit=args.prompts,

@@ -529,7 +529,8 @@ def test_paper_presets_learn_the_context_only_under_budget_auto(preset):
 
 def test_compare_models_each_decode_step_at_its_context():
     """bench/compare.py's model column: each decode step costs t(root + guesses + aux nodes) at the
-    context it ran after (the prompt, then every token before it); the prefill is left out."""
+    context it ran after (the prompt, then every token before it) plus its drafting's seconds; the prefill
+    is left out."""
     import sys
     from pathlib import Path
 
@@ -540,10 +541,10 @@ def test_compare_models_each_decode_step_at_its_context():
 
     grows = CostModel(qs=[1, 2], contexts=[0, 100], seconds=[[1.0, 2.0], [11.0, 12.0]])  # q + context / 10
     rec = GenerationRecord(prompt_len=10, output_ids=[7] * 6, step_tokens=[1, 3, 2], step_times=[0.5, 0.1, 0.1],
-                           step_drafted=[0, 4, 1], step_aux=[0, 2, 0], step_draft_s=[0, 0, 0], step_lookup_s=[0, 0, 0])
+                           step_drafted=[0, 4, 1], step_aux=[0, 2, 0], step_draft_s=[9.0, 0.25, 0.5], step_lookup_s=[0, 0, 0])
     tally = Tally()
     tally.add(rec, 1.0, True, grows)
-    assert tally.modelled_s == pytest.approx((7 + 1.1) + (2 + 1.4))  # after 11 tokens, then after 14
+    assert tally.modelled_s == pytest.approx((7 + 1.1 + 0.25) + (2 + 1.4 + 0.5))  # after 11 tokens, then after 14
     plain = Tally()
     plain.add(rec, 1.0, True)
     assert plain.modelled_s == 0.0
