@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
+from specbench.cli.eagle_head import features_file
 from specbench.drafting.eagle_drafter import trained_head_dir
 from specbench.drafting.eagle_head import HeadConfig
 from specbench.drafting.eagle_training import answer_starts, encode, evaluate, offline_conversations
@@ -55,10 +56,8 @@ def main() -> None:
         label, _, where = rest.partition(":")
         directory = trained_head_dir(loaded.name, kind) if where == "trained" else Path(where)
         head = load_head(directory, model.config).float()
-        layers = tuple(dict.fromkeys((*HeadConfig.for_target(kind, model.config).feature_layers(), -1)))
-        names = "_".join(str(i) for i in layers)
-        data_file = trained_head_dir(loaded.name, kind).parent / f"{loaded.name}.features" / \
-            f"layers{names}-{len(sequences)}x{args.max_len}.pt"
+        _, data_file = features_file(loaded.name, HeadConfig.for_target(kind, model.config), len(sequences),
+                                     args.max_len)
         if not data_file.is_file():
             raise SystemExit(f"no training features at {data_file}: run make bench-heads first")
         held = [(ids, feats) for ids, feats, *_ in torch.load(data_file, weights_only=False)[:n_held]]

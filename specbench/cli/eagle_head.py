@@ -76,10 +76,7 @@ def main(argv: list[str] | None = None) -> Path:
     sequences = encode(loaded.tokenizer, pairs, args.max_len)
     medusa = args.kind == "medusa"
     kind_cfg = HeadConfig.for_target("eagle" if medusa else args.kind, model.config)
-    layers = tuple(dict.fromkeys((*kind_cfg.feature_layers(), -1)))
-    names = "_".join(str(i) for i in layers)  # EAGLE and Medusa read the same layer: one file serves both
-    cache = trained_head_dir(loaded.name, args.kind).parent  # the cache's, wherever --out puts the head
-    data_file = cache / f"{loaded.name}.features" / f"layers{names}-{len(sequences)}x{args.max_len}.pt"
+    layers, data_file = features_file(loaded.name, kind_cfg, len(sequences), args.max_len)
     data_file.parent.mkdir(parents=True, exist_ok=True)
     if data_file.is_file():
         data = torch.load(data_file, weights_only=False)
@@ -126,6 +123,15 @@ def main(argv: list[str] | None = None) -> Path:
     print(f"held-out α {state['history'][0]['alpha']:.3f} before training, {best['alpha']:.3f} after epoch "
           f"{best['epoch']} (kept{'; by draft step ' + by_step if steps > 1 else ''}); saved {out}")
     return out
+
+
+def features_file(target: str, kind_cfg: HeadConfig, n_sequences: int, max_len: int) -> tuple[tuple[int, ...], Path]:
+    """The target layers a head of ``kind_cfg`` trains on, and the cache file that keeps their features (in the
+    cache's head folder wherever ``--out`` puts the head; EAGLE and Medusa read the same layer: one file)."""
+    layers = tuple(dict.fromkeys((*kind_cfg.feature_layers(), -1)))
+    names = "_".join(str(i) for i in layers)
+    cache = trained_head_dir(target, kind_cfg.kind).parent
+    return layers, cache / f"{target}.features" / f"layers{names}-{n_sequences}x{max_len}.pt"
 
 
 def _checkpointing(path: Path):
