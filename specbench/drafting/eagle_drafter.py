@@ -220,7 +220,8 @@ class HeadDrafter(Drafter):
         self.device = device
         self.feature_layers = self.head.feature_layers
         self.cache = HeadCache()
-        self.pending: torch.Tensor | None = None  # fused features of positions start … start + len - 1
+        # the target's states of positions start … start + n - 1, fused when the head next drafts
+        self.pending: list[dict[int, torch.Tensor]] | None = None
         self.start_pos = 0
         self.root_pos = 0
 
@@ -241,14 +242,15 @@ class HeadDrafter(Drafter):
         return self.head.fuse({i: f.to(self.device, self.dtype, non_blocking=True) for i, f in features.items()})
 
     def prefilled(self, features: dict[int, torch.Tensor]) -> None:
-        self.pending, self.start_pos = self._fuse(features), 0
+        self.pending, self.start_pos = [features], 0
 
     def update(self, result: VerifyResult) -> None:
-        fused = self._fuse(result.features)
+        """Keep the step's states unfused: a step that drafts nothing (``budget=auto``) costs the head no work;
+        it fuses and catches up on them all at once when it drafts again."""
         if self.pending is None:
-            self.pending, self.start_pos = fused, self.root_pos
-        else:  # steps that drafted nothing (budget=auto) left theirs: the head catches up on all at once
-            self.pending = torch.cat([self.pending, fused])
+            self.pending, self.start_pos = [result.features], self.root_pos
+        else:
+            self.pending.append(result.features)
 
     def _embed(self, tokens: list[int]) -> torch.Tensor:
         ids = upload(tokens, runs_on(self.embed))
@@ -280,8 +282,10 @@ class HeadDrafter(Drafter):
         self.root_pos = len(tokens) - 1
         if self.pending is None:
             return None
-        s, feats = self.start_pos, self.pending[: self.root_pos - self.start_pos]
+        s, pending = self.start_pos, self.pending
         self.pending = None
+        states = pending[0] if len(pending) == 1 else {i: torch.cat([p[i] for p in pending]) for i in pending[0]}
+        feats = self._fuse(states)[: self.root_pos - s]
         self.cache.crop(s)  # the last tree's entries go; true features follow
         m = feats.shape[0]
         vis = upload(torch.ones(m, s + m, dtype=torch.bool).tril(s), self.device)

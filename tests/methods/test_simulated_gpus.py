@@ -375,13 +375,20 @@ class Sees:
 @pytest.mark.parametrize("case", ["eagle", "eagle3", "sam_decoding-eagle"])
 def test_a_head_that_skips_steps_catches_up_and_drafts_what_it_would_have(case, models, store, heads):
     """budget=auto may tell a drafter that nothing is worth drafting (depth cap 0): an EAGLE head then skips its
-    step entirely and later catches up on every committed position at once; the tree it drafts then is the one a
-    head that never skipped drafts at the same point."""
+    step entirely (it does not even fuse the step's target states) and later catches up on every committed
+    position at once; the tree it drafts then is the one a head that never skipped drafts at the same point."""
     lm = models[0]
     make, _ = maker(case, lm.model, SamplingParams(), store, heads)
     every, some = Sees(lambda step: True), Sees(lambda step: step % 3 == 0)
+    fused = {}
     for planner in (every, some):
-        generate(Target(lm.model), make(), prompt(lm), max_new_tokens=TOKENS, planner=planner)
+        drafter = make()
+        head = getattr(drafter, "eagle", None) or drafter
+        fuse = head.head.fuse
+        head.head.fuse = lambda states, fuse=fuse, planner=planner: (fused.setdefault(planner, []).append(1),
+                                                                     fuse(states))[1]
+        generate(Target(lm.model), drafter, prompt(lm), max_new_tokens=TOKENS, planner=planner)
+    assert len(fused[some]) <= len([step for step in some.seen if step % 3 == 0]) < len(fused[every])
     assert set(some.seen) == set(every.seen) and len(some.seen) == TOKENS - 1
     drafted = [step for step in some.seen if step % 3 == 0]
     assert all(some.seen[step][0] == [] for step in some.seen if step % 3)  # capped: nothing proposed
