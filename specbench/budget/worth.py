@@ -52,6 +52,12 @@ MIN_WARM = 4  # drafting steps before drafting may be judged not to pay
 CALIBRATION_STEPS = 8  # a calibration counts as this many steps of the drafting-cost line
 
 
+# What let a step draft (DraftWorth.why): the first steps; drafting judged to pay, at the depth and top-k chosen;
+# a narrower top-k on trial; every explore_every-th drafting step, at the method's own depth and top-k; an
+# exploration while drafting was judged not to pay; every step (budget=auto without drafting's price). Or none.
+WHY = ("warm-up", "chosen", "top-k trial", "full tree", "explored", "fixed", "plain")
+
+
 def widths(full: int) -> list[int]:
     """The widths ``auto`` chooses from (a pool's columns, a tree's top-k): ``full``, then halved (rounded up)
     down to 1."""
@@ -75,6 +81,7 @@ class DraftWorth:
         self.next_explore = explore_every
         self.regret = 0.0  # plain steps' worth of time drafting lost against plain decoding
         self.capped: list[bool] = []  # per step: drafting left out
+        self.why: list[str] = []  # per step: what let it draft, or "plain" (WHY)
         self.tried: Counter = Counter()  # depth k: drafting steps whose kept draft reached it
         self.reached: Counter = Counter()  # … and whose accepted path did
         self.kept: dict[int, float] = {}  # depth d: running mean of the guesses kept at depths up to d
@@ -100,12 +107,15 @@ class DraftWorth:
         warm = self.steps < MIN_WARM and self.drafting  # the first steps draft whatever they cost: too few to
         # judge (unless a calibration showed no draft could pay)
         go = not self.enabled or warm or (self.drafting and self.regret <= allowance)
+        why = "fixed" if not self.enabled else "warm-up" if warm else "chosen"
         if not go:
             self.skipped += 1
             if self.explore_every and self.skipped >= self.next_explore and self.regret <= allowance:
                 self.skipped, self.next_explore = 0, 2 * self.next_explore
                 go = forward is None or not self.cannot_pay(forward)
+            why = "explored" if go else "plain"
         self.capped.append(not go)
+        self.why.append(why)
         return go
 
     def depth(self, forward: Callable[[int], float]) -> int | None:
@@ -117,9 +127,11 @@ class DraftWorth:
         narrower = widths(self.full_width)[1:] if self.full_width else []
         deepest = max(self.tried, default=0)
         self._trial = self.enabled and bool(narrower) and not self._width_spread() and self._drafting_steps % 2 == 0
+        periodic = (self.enabled and deepest >= 2 and not self._trial  # the method's own depth and top-k
+                    and self._drafting_steps % max(self.explore_every, 1) == 0)
         if self._trial:  # a narrower top-k, to measure what it costs (no acceptance, no worth judged from it)
             self.width_cap = narrower[(self._drafting_steps // 2 - 1) % len(narrower)]
-        elif self.enabled and deepest >= 2 and self._drafting_steps % max(self.explore_every, 1):
+        elif self.enabled and deepest >= 2 and not periodic:
             drafting, best_rate = self._drafting_seconds(), -1.0
             for w in [self.full_width or 0, *narrower]:
                 gain, chance = 1.0, 1.0
@@ -134,6 +146,8 @@ class DraftWorth:
             self.width_cap = None if self.width_cap == self.full_width else self.width_cap
         self.caps.append(cap)
         self.width_caps.append(self.width_cap)
+        if self.why and self.why[-1] == "chosen" and (self._trial or periodic):
+            self.why[-1] = "top-k trial" if self._trial else "full tree"
         return cap
 
     def _reach(self, d: int, w: int) -> float:

@@ -25,6 +25,7 @@ def test_drafting_that_costs_more_than_it_brings_stops_and_is_explored_with_a_gr
         worth.record(1, 3.0, 1.0)
     pattern = [worth.drafts(allowance=100.0) for _ in range(12)]
     assert pattern == [False] * 3 + [True] + [False] * 7 + [True]  # explored after 4, then after 8
+    assert worth.why == ["warm-up"] * MIN_WARM + (["plain"] * 3 + ["explored"]) + ["plain"] * 7 + ["explored"]
     assert worth.regret == pytest.approx(MIN_WARM * 2.0)  # each drafting step lost two plain steps
     worth.record(20, 3.0, 1.0)  # the exploration paid very well: drafting resumes (the running mean reaches 1)
     assert worth.drafting and worth.drafts(allowance=100.0)
@@ -114,6 +115,9 @@ def test_levels_that_cost_more_than_they_bring_are_not_drafted():
     later = [d for d in drafter.allowed[MIN_WARM:] if d >= 2]  # (the last steps' room is shorter)
     assert later.count(2) >= 0.7 * len(later) and 6 in drafter.allowed[:MIN_WARM]
     assert not any(planner.worth.capped)  # drafting itself pays
+    why = planner.worth.why  # each step's reason: the full depth on every 16th drafting step
+    assert why[:MIN_WARM] == ["warm-up"] * MIN_WARM and why.count("full tree") == len(why) // 16
+    assert all(d == 6 for w, d in zip(why[:-6], drafter.allowed, strict=False) if w == "full tree")
 
 
 def test_a_calibration_that_no_draft_could_pay_for_starts_without_drafting():

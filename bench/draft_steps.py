@@ -1,0 +1,102 @@
+"""Where a preset's drafting time goes under ``budget=auto``: its decode steps grouped by what let them draft.
+
+Each step is counted under the planner's reason (``specbench.budget.worth.WHY``): the warm-up, a depth and
+top-k chosen because drafting pays, a narrower top-k on trial, the periodic full tree, an exploration while
+drafting was judged not to pay, or a plain step. Per group: steps, drafting milliseconds a step (the
+drafter's propose, the plan and its update, as ``step_draft_s`` counts them), tokens a step; then the regret
+drafting ran up against the allowance. The planner is warmed and calibrated as ``compare.py`` does; the
+prompts run one after another with one planner, as a run does; autoregressive decoding runs beside each
+prompt for the time ratio, and every output is checked against it. Run:
+
+    python bench/draft_steps.py --method eagle-cpu --dataset spec_bench:translation+qa+rag \\
+        --data ../data/spec_bench_questions.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import defaultdict
+
+from compare import preset  # bench/ is on sys.path when a script here runs
+from omegaconf import OmegaConf
+from prompts import dataset_prompts  # bench/ is on sys.path when a script here runs
+
+from methods.registry import get_method
+from specbench.budget.costs import load_or_measure
+from specbench.budget.planner import AutoBudget
+from specbench.budget.worth import WHY
+from specbench.core.acceptance import SamplingParams
+from specbench.core.decode import generate
+from specbench.core.draft import DrafterContext
+from specbench.core.forward import Target
+from specbench.models import load_model
+from specbench.paths import CONF_DIR
+from specbench.provenance import environment_info
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--method", default="eagle-cpu", help="a preset from conf/method/ (run under budget=auto)")
+    ap.add_argument("--dataset", default="mtbench")
+    ap.add_argument("--data", help="a local copy of the dataset")
+    ap.add_argument("--prompts", type=int, default=3)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    args = ap.parse_args()
+
+    model_cfg = OmegaConf.load(CONF_DIR / "model" / f"{args.model}.yaml")
+    hardware_cfg = OmegaConf.load(CONF_DIR / "hardware" / "cpu.yaml")
+    loaded = load_model(OmegaConf.merge(model_cfg, {"dtype": args.dtype}), hardware_cfg)
+    cost = load_or_measure(loaded, args.model, args.dtype, hardware_cfg.get("attn_implementation", "sdpa"))
+    found = dataset_prompts(args.dataset, loaded.tokenizer, model_cfg, limit=args.prompts, path=args.data)
+    if found is None:
+        raise SystemExit(f"{args.dataset}: not available here: pass --data <path>")
+    prompts = found[1]
+    method, cfg, _ = preset(args.method if ":" in args.method else args.method + ":auto")
+    context = DrafterContext(sampling=SamplingParams(), device=loaded.device, target_model=loaded.model,
+                             target_name=loaded.name)
+    drafter = get_method(method)(cfg, vocab_size=loaded.vocab_size, seed=0, tokenizer=loaded.tokenizer,
+                                 context=context)
+    plain = get_method("autoregressive")(None, vocab_size=loaded.vocab_size)
+    target, eos, feeds = Target(loaded.model), loaded.eos_token_ids, get_method(method).AUX_FEEDS
+
+    warm = AutoBudget(cost, aux_feeds=feeds)  # warm-up, not counted: it calibrates drafting's cost
+    generate(target, drafter, prompts[0], max_new_tokens=16, eos_token_ids=eos, planner=warm)
+    generate(target, plain, prompts[0], max_new_tokens=16, eos_token_ids=eos)
+    drafter.reset()
+    planner = AutoBudget(cost, aux_feeds=feeds, calibration=warm.worth.calibration())
+    groups: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0])  # steps, drafting seconds, tokens
+    seconds = {"method": 0.0, "autoregressive": 0.0}
+    print(f"machine: {environment_info('cpu')['device_name']}; {args.model} {args.dtype}; {args.method} under "
+          f"budget=auto on {len(prompts)} {args.dataset} prompts, up to {args.max_new_tokens} new tokens")
+    for ids in prompts:
+        drafter.begin_sample()
+        seen = len(planner.worth.why)
+        start = time.perf_counter()
+        rec = generate(target, drafter, ids, max_new_tokens=args.max_new_tokens, eos_token_ids=eos, planner=planner)
+        seconds["method"] += time.perf_counter() - start
+        start = time.perf_counter()
+        ref = generate(target, plain, ids, max_new_tokens=args.max_new_tokens, eos_token_ids=eos)
+        seconds["autoregressive"] += time.perf_counter() - start
+        if rec.output_ids != ref.output_ids:
+            raise SystemExit(f"{args.method}: output differs from autoregressive decoding")
+        for why, draft_s, tokens in zip(planner.worth.why[seen:], rec.step_draft_s[1:], rec.step_tokens[1:],
+                                        strict=True):
+            group = groups[why]
+            group[0] += 1
+            group[1] += draft_s
+            group[2] += tokens
+    print(f"{'step kind':12} {'steps':>6} {'drafting ms/step':>17} {'tokens/step':>12}")
+    for why in WHY:
+        if why in groups:
+            n, s, k = groups[why]
+            print(f"{why:12} {n:6d} {s / n * 1e3:17.2f} {k / n:12.2f}")
+    print(f"regret {planner.worth.regret:.2f} plain steps against an allowance of {planner.allowance():.2f} "
+          f"(of {planner.elapsed:.0f} modelled plain steps); time ratio autoregressive / method "
+          f"{seconds['autoregressive'] / seconds['method']:.3f} (one pass: see compare.py for speedups)")
+
+
+if __name__ == "__main__":
+    main()
