@@ -15,7 +15,7 @@ STAMP       := $(VENV)/.specbench-installed
 PYTEST      := $(PY) -m pytest -p no:cacheprovider
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo smoke smoke-experiments test test-slow test-data slurm-test site site-test test-all gpu-check lint bench bench-stores bench-heads bench-retrieval clean train-acceptance-head train-eagle-head \
+.PHONY: help setup demo smoke smoke-experiments test test-slow test-data slurm-test site site-test test-all gpu-check gpu-bundle lint bench bench-stores bench-heads bench-retrieval clean train-acceptance-head train-eagle-head \
         datastore datastore-refine memory_scopes batch_sweep spec_bench table1 table2 table3 table4 table5 table6 table7 figures report reproduce-cpu
 
 # Paper reproduction. Sweeps write <RESULTS>/<experiment>/; reports go to <REPORTS>/ (Markdown, LaTeX,
@@ -93,8 +93,13 @@ slurm-test: setup ## sweeps through hydra/launcher=slurm on a throw-away one-nod
 test-all: setup ## every test but the SLURM ones (make slurm-test); the data tests too with DATA_DIR=<folder>
 	$(if $(DATA_DIR),SPECBENCH_DATA_DIR=$(abspath $(DATA_DIR))) $(PYTEST) -m "not slurm and not browser$(if $(DATA_DIR),, and not data)" -q
 
-gpu-check: setup ## the GPU paths checked on this machine's CUDA GPU, offline (random-weight 7B/8B shapes; < 10 min)
-	$(PY) -m specbench.gpu_check
+GPU_PY     ?= 3.12
+GPU_OUT    ?= gpu-check
+gpu-check: setup ## the GPU paths checked on this machine's CUDA GPU (random-weight 7B/8B shapes, stages written to GPU_OUT=gpu-check/)
+	$(PY) -m specbench.gpu_check --out $(GPU_OUT)
+
+gpu-bundle: setup ## the wheels a GPU machine without network lacks, for ./gpu_check.sh there (GPU_PY=3.12: its Python)
+	$(PY) -m specbench.cli.gpu_bundle --python $(GPU_PY) --out .gpu-bundle
 
 lint: setup ## ruff
 	$(PY) -m ruff check .

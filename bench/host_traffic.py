@@ -1,4 +1,5 @@
-"""Host traffic per decode step of every method on simulated CUDA GPUs (tests/simgpu.py): implicit syncs,
+"""Host traffic per decode step of every method on simulated CUDA GPUs (tests/simgpu.py): implicit syncs (with
+each step's ceiling, specbench.run.syncs),
 uploads (pinned / pageable) and bytes, and copies between GPUs, greedy and sampling, the tiny 8-layer Llama of
 the simulated-GPU tests on 1 and 2 GPUs (device_map=auto). Counts, not times: they are the same on any machine.
 
@@ -23,7 +24,6 @@ from tests.methods.test_simulated_gpus import (  # noqa: E402
     make_store,
     save_tiny,
     step_traffic,
-    sync_ceiling,
 )
 
 
@@ -33,23 +33,29 @@ def main() -> None:
     store = make_store(root / "store", saved[2])
     heads = make_heads(root / "heads", saved[2].model.config)
     models = {n: load_on(saved, n) for n in (1, 2)}
-    print("| method | greedy syncs/step (max) | ceiling | sampling syncs/step (max) | uploads/step (pageable) "
-          "| upload bytes/step | GPU→GPU copies/step (2 GPUs) |")
-    print("|---|---|---|---|---|---|---|")
+    print("| method | greedy syncs/step (max) | greedy ceilings | sampling syncs/step (max) | sampling ceilings "
+          "| uploads/step (pageable) | upload bytes/step | GPU→GPU copies/step (2 GPUs) |")
+    print("|---|---|---|---|---|---|---|---|")
     for case in CASES:
         cells = {}
         for gpus in (1, 2):
             for t in (0.0, 1.0):
-                rec, steps = step_traffic(case, models[gpus], gpus, saved, store, heads, temperature=t)
-                cells[gpus, t] = steps
+                _, watch = step_traffic(case, models[gpus], gpus, saved, store, heads, temperature=t)
+                cells[gpus, t] = watch
         g, s, two = cells[1, 0.0], cells[1, 1.0], cells[2, 0.0]
 
-        def mean(steps, attr):
-            return statistics.mean(getattr(x, attr) for x in steps)
+        def mean(watch, attr):
+            return statistics.mean(getattr(x, attr) for x in watch.steps())
 
-        print(f"| {case} | {mean(g, 'syncs'):.2f} ({max(x.syncs for x in g)}) | {sync_ceiling(case)} "
-              f"| {mean(s, 'syncs'):.2f} ({max(x.syncs for x in s)}) | {mean(g, 'uploads'):.1f} "
-              f"({sum(x.uploads_pageable for x in g)}) | {mean(g, 'upload_bytes'):.0f} "
+        def syncs(watch):
+            return f"{mean(watch, 'syncs'):.2f} ({max(watch.counts)})"
+
+        def limits(watch):
+            return f"{min(watch.limits)}–{max(watch.limits)}" if min(watch.limits) < max(watch.limits) \
+                else str(watch.limits[0])
+
+        print(f"| {case} | {syncs(g)} | {limits(g)} | {syncs(s)} | {limits(s)} | {mean(g, 'uploads'):.1f} "
+              f"({sum(x.uploads_pageable for x in g.steps())}) | {mean(g, 'upload_bytes'):.0f} "
               f"| {mean(two, 'peer_copies'):.1f} |", flush=True)
 
 

@@ -57,6 +57,7 @@ class LookaheadConfig:
 @register_method
 class Lookahead(ScopedMemory, Drafter):
     name = "lookahead"
+    HOST_READS = 1  # the auxiliary nodes' logits, read once
     Config = LookaheadConfig
     AUX_FEEDS = (SOURCE_POOL,)  # the Jacobi window harvests the pool's n-grams
     RUN_STATE = ("engine.pool",)  # memory: run, at batch size > 1: one n-gram pool for every request

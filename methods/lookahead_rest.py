@@ -78,6 +78,7 @@ def leaf_paths(tokens: list[int], parents: list[int]) -> list[list[int]]:
 @register_method
 class LookaheadRest(ScopedMemory, StoreDrafter):
     name = "lookahead_rest"
+    HOST_READS = 1  # the auxiliary nodes' logits, read once
     Config = LookaheadRestConfig
     AUX_FEEDS = (SOURCE_POOL,)
     RUN_STATE = ("engine.pool",)

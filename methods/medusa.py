@@ -52,6 +52,7 @@ class MedusaConfig:
 @register_method
 class Medusa(Drafter):
     name = "medusa"
+    HOST_READS = 1  # the heads' top-k, read once
     Config = MedusaConfig
     KIND = "medusa"  # the head it reads
     feature_layers = (-1,)

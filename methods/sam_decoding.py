@@ -111,6 +111,11 @@ def corpus_automaton(documents, max_tokens: int) -> SuffixAutomaton:
 @register_method
 class SAMDecoding(ScopedMemory, Drafter):
     name = "sam_decoding"
+
+    @classmethod
+    def host_reads(cls, config: SAMDecodingConfig, drafted: int) -> int:
+        # the auxiliary drafter's: EAGLE's tree levels, or the recycler's read of the draft's logits
+        return {"eagle": config.eagle_depth, "recycling": 1}.get(config.auxiliary, 0)
     Config = SAMDecodingConfig
     RUN_STATE = ("recycler.matrix",)  # memory: run, at batch size > 1: one candidate matrix for every request
 

@@ -55,6 +55,10 @@ class SpecDecPPConfig(DraftModelSettings):
 @register_method
 class SpecDecPP(ModelDrafter):
     name = "specdec_pp"
+
+    @classmethod
+    def host_reads(cls, config: SpecDecPPConfig, drafted: int) -> int:
+        return 2 * drafted  # each drafted token, and the acceptance head's verdict on it
     Config = SpecDecPPConfig
     needs_last_hidden = True
 

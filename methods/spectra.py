@@ -61,6 +61,7 @@ class SpectraConfig(CoreSettings, RetrievalConfig):
 @register_method
 class Spectra(ScopedMemory, StoreDrafter):
     name = "spectra"
+    HOST_READS = 1  # the auxiliary nodes' logits, read once
     Config = SpectraConfig
     AUX_FEEDS = (SOURCE_FWD, SOURCE_BWD)
     RUN_STATE = ("engine.dicts",)

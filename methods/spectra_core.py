@@ -83,6 +83,7 @@ class SpectraCoreConfig(CoreSettings):
 @register_method
 class SpectraCore(ScopedMemory, Drafter):
     name = "spectra_core"
+    HOST_READS = 1  # the auxiliary nodes' logits, read once
     Config = SpectraCoreConfig
     AUX_FEEDS = (SOURCE_FWD, SOURCE_BWD)  # the candidate pool fills both dictionaries
     RUN_STATE = ("engine.dicts", "dicts")  # memory: run, at batch size > 1: one pair for every request

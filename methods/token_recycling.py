@@ -52,6 +52,7 @@ class TokenRecyclingConfig:
 @register_method
 class TokenRecycling(ScopedMemory, Drafter):
     name = "token_recycling"
+    HOST_READS = 1  # the auxiliary nodes' logits, read once
     Config = TokenRecyclingConfig
     RUN_STATE = ("recycler.matrix",)  # memory: run, at batch size > 1: one matrix for every request
 

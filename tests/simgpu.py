@@ -4,13 +4,18 @@
 ``device_count()``, ``mem_get_info()``, ``synchronize()`` …), and every tensor placed on ``cuda:i`` computes
 on the CPU while carrying that logical device:
 
-* an op that mixes two devices raises as CUDA does (``Expected all tensors to be on the same device``); a 0-dim
-  CPU tensor may meet a GPU tensor, and advanced indexing takes CPU indices, as on CUDA;
-* every device→host read is counted as a sync (``item()``, ``tolist()``, ``bool()``, ``.cpu()``, ops whose
-  output shape depends on the data: ``nonzero``, boolean masks, ``unique`` …), with the line of our code
-  that asked for it; ``torch.cuda.synchronize`` is counted apart (the timing's own);
-* every host→device copy is an upload, pinned (``pin_memory()`` first) or pageable, with its bytes; copies
-  between GPUs are counted too.
+* an op that mixes two devices raises as CUDA does (``Expected all tensors to be on the same device``); one
+  0-dim CPU tensor may meet GPU tensors, in an elementwise op only (``index_select`` or an embedding with a 0-dim
+  CPU index raises, as on CUDA); advanced indexing takes CPU indices, as on CUDA, and counts their blocking
+  copy to the GPU (a sync and a pageable upload); a CPU generator handed to an op on GPU tensors raises;
+* every device→host read is counted as a sync (``item()``, ``tolist()``, ``bool()``, ``.cpu()``, ``repr``
+  and printing, indexing with a 0-dim GPU tensor, ops whose output shape depends on the data: ``nonzero``,
+  boolean masks, ``unique`` …), with the line of our code that asked for it; ``torch.cuda.synchronize`` is
+  counted apart (the timing's own);
+* every host→device copy is an upload, pinned (``pin_memory()`` first) or pageable, with its bytes; a blocking
+  one (``non_blocking=False``) is a sync too, as CUDA's ``memcpy_and_sync`` is; copies between GPUs are counted;
+* ``torch.cuda.set_sync_debug_mode("warn")`` makes every counted sync warn with torch's own message ("error"
+  raises), so code that counts syncs on a real GPU from those warnings is tested here.
 
 How: a tensor subclass (:class:`SimTensor`, made with ``_make_wrapper_subclass``) holds a CPU tensor and
 reports the logical device, so ``.device``, ``.is_cuda`` and every placement decision of transformers,
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import traceback
+import warnings
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -47,6 +53,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 aten = torch.ops.aten
+_ACTIVE: list = []  # the simulated machines whose block is open, innermost last
+SYNC_WARNING = "called a synchronizing CUDA operation"  # what torch's sync debug mode says, word for word
 ROOT = Path(__file__).resolve().parents[1]
 OURS = (str(ROOT / "specbench"), str(ROOT / "methods"))
 GIB = 1 << 30
@@ -85,7 +93,9 @@ class SimTensor(torch.Tensor):
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         raise RuntimeError(f"a simulated GPU tensor reached {func} outside simulated_gpus()")
 
-    def __repr__(self) -> str:
+    def __repr__(self) -> str:  # printing a CUDA tensor copies it to the host
+        if _ACTIVE:
+            _ACTIVE[-1].read(self.elem.numel() * self.elem.element_size())
         return f"SimTensor({self.elem!r}, device='{self.device}')"
 
 
@@ -175,12 +185,7 @@ class _Devices(TorchDispatchMode):
         if s.type == "cuda" and dst_device.type == "cpu":
             self.sim.read(nbytes)
         elif s.type == "cpu" and dst_device.type == "cuda" and nbytes:  # an empty copy moves nothing
-            traffic.upload_bytes += nbytes
-            if getattr(src, "_sim_pinned", False):
-                traffic.uploads_pinned += 1
-            else:
-                traffic.uploads_pageable += 1
-                traffic.pageable_sites[_site()] += 1
+            self.sim.upload(nbytes, pinned=getattr(src, "_sim_pinned", False), blocking=not non_blocking)
         elif s.type == "cuda" and dst_device.type == "cuda" and s != dst_device:
             traffic.peer_copies += 1
             traffic.peer_bytes += nbytes
@@ -224,8 +229,14 @@ class _Devices(TorchDispatchMode):
             self._copy(args[1], logical(args[0]), bool(args[2] if len(args) > 2 else kwargs.get("non_blocking")))
         elif func in INDEXING:
             self._check_indexing(func, args)
+            if on_gpu:
+                self._upload_indices(args)
         elif func not in CROSS_DEVICE:
             self._check_same(func, tensors)
+        generator = kwargs.get("generator")
+        if generator is not None and on_gpu and generator.device.type != "cuda":
+            raise RuntimeError(f"Expected a 'cuda' device type for generator but found '{generator.device.type}' "
+                               f"(simulated CUDA, {func})")
 
         if on_gpu and func in DATA_DEPENDENT:
             self.sim.read(8)
@@ -265,13 +276,27 @@ class _Devices(TorchDispatchMode):
 
         return tree_map(wrap, out)
 
+    def _upload_indices(self, args) -> None:
+        """CPU index tensors on a GPU tensor: CUDA copies them over first, blocking (a sync and a pageable
+        upload each)."""
+        indices = args[1] if len(args) > 1 else []
+        for i in indices:
+            if isinstance(i, torch.Tensor) and logical(i).type == "cpu" and i.numel():
+                self.sim.upload(i.numel() * i.element_size(), pinned=getattr(i, "_sim_pinned", False), blocking=True)
+
     @staticmethod
     def _check_same(func, tensors) -> None:
         seen: list[torch.device] = []
+        scalars = 0
+        gpu = any(logical(t).type == "cuda" for t in tensors)
         for t in tensors:
             d = logical(t)
-            if d.type == "cpu" and t.dim() == 0:
-                continue  # a CPU scalar may meet a GPU tensor
+            if gpu and d.type == "cpu" and t.dim() == 0:
+                # CUDA takes one CPU scalar beside GPU tensors, in an elementwise op only (index_select, embedding
+                # and the like refuse it)
+                scalars += 1
+                if scalars == 1 and _elementwise(func):
+                    continue
             if d not in seen:
                 seen.append(d)
         if len(seen) > 1 and any(d.type == "cuda" for d in seen):
@@ -295,6 +320,15 @@ class _Devices(TorchDispatchMode):
             if logical(v) != d and not (logical(v).type == "cpu" and v.dim() == 0):
                 raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two "
                                    f"devices, {d} and {logical(v)}! (simulated CUDA, {func})")
+
+
+def _elementwise(func) -> bool:
+    """An op CUDA runs through its elementwise kernels (TensorIterator), the ones that take a CPU scalar."""
+    return torch.Tag.pointwise in getattr(func, "tags", ()) or func.overloadpacket in ELEMENTWISE_EXTRA
+
+
+# Elementwise ops torch does not tag as pointwise
+ELEMENTWISE_EXTRA = {aten.where, aten.fill_, aten.masked_fill, aten.masked_fill_}
 
 
 def _in_gpu_block() -> bool:
@@ -372,6 +406,12 @@ class _Factories(TorchFunctionMode):
                                        f"tensor ({t.device}); got {i.device} (simulated CUDA)")
                 if i.dtype in (torch.bool, torch.uint8) and i.dim() > 0:
                     self.sim.read(8)  # a boolean mask is a nonzero()
+                elif logical(i).type == "cuda" and i.dim() == 0:
+                    self.sim.read(8)  # a 0-dim index is read as a Python integer (item())
+                elif logical(i).type == "cpu" and i.numel():
+                    # CPU indices are copied to the GPU first, blocking
+                    self.sim.upload(i.numel() * i.element_size(), pinned=getattr(i, "_sim_pinned", False),
+                                    blocking=True)
         return tree_map(_elem, index)
 
     @staticmethod
@@ -416,11 +456,36 @@ class SimulatedGPUs:
         self.free = self.memory - GIB if free is None else int(free)
         self.current = 0
         self.traffic = Traffic()
+        self.debug_mode = 0  # torch.cuda.set_sync_debug_mode: 0 default, 1 warn, 2 error
 
     def read(self, nbytes: int) -> None:
-        self.traffic.syncs += 1
+        """A device→host read: the host waits (a sync)."""
         self.traffic.download_bytes += nbytes
+        self.sync()
+
+    def sync(self) -> None:
+        """An implicit sync, warned of or refused as torch's sync debug mode says."""
+        self.traffic.syncs += 1
         self.traffic.sync_sites[_site()] += 1
+        if self.debug_mode == 1:
+            warnings.warn(SYNC_WARNING, UserWarning, stacklevel=2)
+        elif self.debug_mode == 2:
+            raise RuntimeError(SYNC_WARNING)
+
+    def upload(self, nbytes: int, pinned: bool, blocking: bool) -> None:
+        """A host→device copy: from pinned or pageable memory; a blocking one waits for the device (a sync)."""
+        self.traffic.upload_bytes += nbytes
+        if pinned:
+            self.traffic.uploads_pinned += 1
+        else:
+            self.traffic.uploads_pageable += 1
+            self.traffic.pageable_sites[_site()] += 1
+        if blocking:
+            self.sync()
+
+    def set_sync_debug_mode(self, mode) -> None:
+        modes = {"default": 0, "warn": 1, "error": 2}
+        self.debug_mode = modes[mode] if isinstance(mode, str) else int(mode)
 
     def _index(self, device=None) -> int:
         if device is None:
@@ -467,7 +532,8 @@ class SimulatedGPUs:
             mock.patch.object(cuda, "memory_reserved", lambda d=None: 0),
             mock.patch.object(cuda, "reset_peak_memory_stats", lambda d=None: None),
             mock.patch.object(cuda, "empty_cache", lambda: None),
-            mock.patch.object(cuda, "set_sync_debug_mode", lambda mode: None),
+            mock.patch.object(cuda, "set_sync_debug_mode", self.set_sync_debug_mode),
+            mock.patch.object(cuda, "get_sync_debug_mode", lambda: self.debug_mode),
             mock.patch.object(cuda, "manual_seed", lambda s: None),
             mock.patch.object(cuda, "manual_seed_all", lambda s: None),
         ]
@@ -483,4 +549,8 @@ def simulated_gpus(n: int = 1, free: int | None = None) -> Iterator[SimulatedGPU
             stack.enter_context(p)
         stack.enter_context(_Factories(sim))
         stack.enter_context(_Devices(sim))
-        yield sim
+        _ACTIVE.append(sim)
+        try:
+            yield sim
+        finally:
+            _ACTIVE.remove(sim)

@@ -325,6 +325,13 @@ class Drafter:
     # the verification forward itself, accepted rows only (VerifyResult.features, the prompt's in prefilled).
     feature_layers: tuple[int, ...] = ()
     batchable: ClassVar[bool] = True  # False: its drafts cannot be made per request beside others (batch > 1)
+    HOST_READS: ClassVar[int] = 0  # device→host reads drafting adds to a step (GPU syncs; specbench.run.syncs)
+
+    @classmethod
+    def host_reads(cls, config: Any, drafted: int) -> int:
+        """The most host reads drafting adds to a greedy step that drafted ``drafted`` guesses (:data:`HOST_READS`
+        unless a subclass counts them from its settings)."""
+        return cls.HOST_READS
 
     def __init__(
         self,

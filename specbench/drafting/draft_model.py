@@ -218,6 +218,10 @@ class DraftChain:
 class ModelDrafter(Drafter):
     """Propose a chain drawn from a draft model; subclasses decide its length (:meth:`keep_drafting`)."""
 
+    @classmethod
+    def host_reads(cls, config: Any, drafted: int) -> int:
+        return drafted  # each drafted token read as it is chosen
+
     def __init__(self, config: Any = None, **kwargs) -> None:
         super().__init__(config, **kwargs)
         self.lm = build_draft_lm(self.config, self.context, self.tokenizer, self.vocab_size)

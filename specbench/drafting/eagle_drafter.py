@@ -179,24 +179,31 @@ def resolve_head(name: str, setting: str, context, kind: str) -> tuple[torch.nn.
     return context.target_model, path, head_provenance(setting, path, published)
 
 
-def random_head(kind: str, target_config, directory: Path) -> Path:
-    """An untrained head of ``kind`` (eagle, eagle3, medusa) for a target, saved in its published layout: what
-    checks of losslessness use (what verification keeps does not depend on the head)."""
+def random_head(kind: str, target_config, directory: Path, dtype: torch.dtype = torch.float32,
+                device: str | torch.device = "cpu") -> Path:
+    """An untrained head of ``kind`` (eagle, eagle3, medusa) for a target, saved in its published layout in
+    ``dtype`` (initialised on ``device``): what checks of losslessness use (what verification keeps does not
+    depend on the head)."""
     from specbench.drafting.eagle_head import EagleHead, HeadConfig, save_head
     from specbench.drafting.medusa_head import MedusaHeads, save_medusa
 
     torch.manual_seed(0)
     c = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
-    if kind == "medusa":
-        return save_medusa(MedusaHeads(c.hidden_size, c.vocab_size, 3), directory,
-                           {"accuracy": [[0.5, 0.3, 0.1], [0.4, 0.2], [0.3]]})
-    return save_head(EagleHead(HeadConfig.for_target(kind, c)), directory)
+    with torch.device(device):
+        if kind == "medusa":
+            heads = MedusaHeads(c.hidden_size, c.vocab_size, 3).to(dtype)
+            return save_medusa(heads, directory, {"accuracy": [[0.5, 0.3, 0.1], [0.4, 0.2], [0.3]]})
+        return save_head(EagleHead(HeadConfig.for_target(kind, c)).to(dtype), directory)
 
 
 class HeadDrafter(Drafter):
     """EAGLE-2's drafting with an EAGLE-1/2 or EAGLE-3 head (``KIND``)."""
 
     KIND: ClassVar[str] = "eagle"
+
+    @classmethod
+    def host_reads(cls, config: EagleSettings, drafted: int) -> int:
+        return config.depth if drafted else 0  # the tree's levels, one read each
 
     @classmethod
     def preflight(cls, config: EagleSettings, run_cfg: Any) -> None:

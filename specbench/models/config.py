@@ -145,17 +145,18 @@ def _available_bytes(hw: dict, quantization: str | None = None) -> tuple[int, st
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "cpu"
 
 
-def _memory_check(cfg: dict, hw: dict, have: tuple[int, str] | None = None) -> None:
-    """Refuse, in one line, a model whose weights (``params_b``) exceed the memory available (``have``:
-    bytes and where, else :func:`_available_bytes`)."""
+def _memory_check(cfg: dict, hw: dict, have: tuple[int, str] | None = None, reserve: float = 0) -> None:
+    """Refuse, in one line, a model whose weights (``params_b``), with ``reserve`` bytes beside them (its KV
+    cache), exceed the memory available (``have``: bytes and where, else :func:`_available_bytes`)."""
     if not cfg.get("params_b"):
         return
     dtype = cfg.get("dtype", "float32")
-    need = cfg["params_b"] * 1e9 * (1 if cfg.get("quantization") == "int8" else DTYPES[dtype].itemsize)
+    need = cfg["params_b"] * 1e9 * (1 if cfg.get("quantization") == "int8" else DTYPES[dtype].itemsize) + reserve
     have, where = have or _available_bytes(hw, cfg.get("quantization"))
     if need > have:
+        kv = f" (with {reserve / 1e9:.1f} GB of KV cache)" if reserve else ""
         raise ModelLoadError(
-            f"model '{cfg['name']}' needs ~{need / 1e9:.0f} GB in {dtype} but {where} has {have / 1e9:.0f} GB available: "
+            f"model '{cfg['name']}' needs ~{need / 1e9:.0f} GB in {dtype}{kv} but {where} has {have / 1e9:.0f} GB available: "
             "use a smaller model, a GPU with more memory, or hardware.device_map=auto across GPUs")
 
 

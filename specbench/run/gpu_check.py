@@ -21,8 +21,12 @@ the device, so the same code runs on the CPU with tiny shapes (``tiny=True``) in
 
 from __future__ import annotations
 
+import gc
+import shutil
 import tempfile
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +38,7 @@ from specbench.core.draft import Draft, Drafter
 from specbench.core.forward import Target
 from specbench.run.gpu_models import DTYPES, SHAPES, TINY, Row, build, drafters, margins, prompts
 from specbench.run.gpu_scenarios import check_batch, check_budget_auto, check_sampling, check_split, plan_70b
-from specbench.run.gpu_speed import fit_layers, speed
+from specbench.run.gpu_speed import check_syncs, fit_layers, speed
 
 __all__ = ["SHAPES", "TINY", "build", "check_compaction", "check_methods", "check_tree", "fit_layers", "prompts",
            "run_checks"]
@@ -102,15 +106,49 @@ def check_compaction(target: Target, dtype: str, model_name: str, prefix: list[i
     return (check, model_name, dtype, ok, f"max |ΔKV| {worst:.1e} of the largest entry")
 
 
+def check_backends(shape: dict, model_name: str, layers: int, device: str) -> list[Row]:
+    """The tree mask under each scaled-dot-product-attention backend (math, memory-efficient, flash, cuDNN), in
+    fp16 and bf16: the tree's logits against each branch alone within the dtype's tolerance. A backend that
+    cannot run here, or cannot take a custom mask, is named as such (and not used for trees: the default
+    choice passes it over)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backends = {"math": SDPBackend.MATH, "memory-efficient": SDPBackend.EFFICIENT_ATTENTION,
+                "flash": SDPBackend.FLASH_ATTENTION, "cuDNN": SDPBackend.CUDNN_ATTENTION}
+    rows = []
+    (prefix,) = prompts(shape["vocab_size"], n=1)
+    for dtype in ("fp16", "bf16"):
+        target = Target(build(shape, layers, DTYPES[dtype], device))
+        for label, backend in backends.items():
+            check = f"sdpa {label}"
+            try:
+                with sdpa_kernel(backend), torch.inference_mode():
+                    target.model(input_ids=torch.tensor([prefix], device=target.device))  # causal, no mask
+            except RuntimeError as err:
+                rows.append((check, model_name, dtype, True, f"not available here ({str(err).splitlines()[0][:80]})"))
+                continue
+            try:
+                with sdpa_kernel(backend):
+                    row = check_tree(target, dtype, model_name, prefix, check=check)
+            except RuntimeError as err:
+                rows.append((check, model_name, dtype, True,
+                             f"cannot take the tree's mask, not used for trees ({str(err).splitlines()[0][:80]})"))
+                continue
+            rows.append(row)
+        del target
+    return rows
+
+
 # ----------------------------------------------------------------------------- every method
 
 
 def check_methods(target: Target, dtype: str, model_name: str, texts: list[list[int]], new_tokens: int,
-                  workdir: Path, only: tuple[str, ...] | None = None, context: str = "") -> list[Row]:
+                  workdir: Path, only: tuple[str, ...] | None = None, context: str = "", heads: Path | None = None
+                  ) -> list[Row]:
     """fp32: every method's (or those ``only``) output equals the baseline's; fp16/bf16: every output a greedy
     fixed point within twice the baseline's own margin (or 1% of the logits' spread). ``context`` names the
     prompts in the rows (" , 2k context")."""
-    makers = drafters(target, target.model.config.vocab_size, workdir, texts, only=only)
+    makers = drafters(target, target.model.config.vocab_size, workdir, texts, only=only, heads=heads)
     outputs, crashed = {}, []
     for name, make in makers.items():  # each in isolation: a crash is that method's failed row
         try:
@@ -134,7 +172,7 @@ def check_methods(target: Target, dtype: str, model_name: str, texts: list[list[
 
 
 def check_device_map(model: torch.nn.Module, dtype: str, model_name: str, texts: list[list[int]], new_tokens: int,
-                     workdir: Path, device: str) -> Row:
+                     workdir: Path, device: str, heads: Path | None = None) -> list[Row]:
     """Save the model, load it twice through :func:`specbench.models.load_model` (one GPU directly, and
     ``device_map=auto`` on one GPU) and compare greedy outputs of the baseline and a tree method."""
     from specbench.models import build_tiny_tokenizer, load_model
@@ -156,88 +194,189 @@ def check_device_map(model: torch.nn.Module, dtype: str, model_name: str, texts:
     how = "device_map=auto on one GPU vs loaded straight onto it" if device == "cuda" else "two loads (CPU)"
     rows = [("device_map", model_name, dtype, results[0] == results[1], how + (": same outputs" if results[0] == results[1] else ": outputs differ"))]
     if device == "cuda":  # one GPU goes through accelerate's hooks too: half the layers on it, half on the CPU
-        rows.append(check_split(folder, dtype, model_name, texts, new_tokens, workdir, results[0]))
+        rows.append(check_split(folder, dtype, model_name, texts, new_tokens, workdir, results[0], heads=heads))
     return rows
 
 
 # ----------------------------------------------------------------------------- all of them
 
 
+def guarded(check: str, model_name: str, dtype: str, fn: Callable[[], Row | list[Row]]) -> list[Row]:
+    """``fn``'s rows, or one failed row naming the error (an out-of-memory error too): a check that crashes
+    never takes the others with it."""
+    try:
+        out = fn()
+    except Exception as err:  # noqa: BLE001 - reported as the check's row
+        free_memory()
+        return [(check, model_name, dtype, False, f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}")]
+    return out if isinstance(out, list) else [out]
+
+
+def free_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def correctness(target: Target, dtype: str, model_name: str, texts: list[list[int]], long: list[int],
-                new_tokens: int, work: Path, only: tuple[str, ...] | None = None) -> list[Row]:
+                new_tokens: int, work: Path, only: tuple[str, ...] | None = None, heads: Path | None = None
+                ) -> list[Row]:
     """The rows of one model in one dtype: tree and compaction after a short prompt and after ``long``, every
     method (or those ``only`` names) greedy, the tree and head methods after ``long``, sampling at T = 1 (not
-    bf16), budget=auto and every method in a batch (fp32)."""
-    rows = [check_tree(target, dtype, model_name, texts[0]), check_compaction(target, dtype, model_name, texts[0]),
-            check_tree(target, dtype, model_name, long, check=f"tree, {len(long)} context"),
-            check_compaction(target, dtype, model_name, long, check=f"compaction, {len(long)} context")]
-    rows += check_methods(target, dtype, model_name, texts, new_tokens, work, only=only)
+    bf16), budget=auto and every method in a batch (fp32). Each check apart: one that crashes is its failed row."""
+    rows = guarded("tree", model_name, dtype, lambda: check_tree(target, dtype, model_name, texts[0]))
+    rows += guarded("compaction", model_name, dtype, lambda: check_compaction(target, dtype, model_name, texts[0]))
+    lc = f"{len(long)} context"
+    rows += guarded(f"tree, {lc}", model_name, dtype,
+                    lambda: check_tree(target, dtype, model_name, long, check=f"tree, {lc}"))
+    rows += guarded(f"compaction, {lc}", model_name, dtype,
+                    lambda: check_compaction(target, dtype, model_name, long, check=f"compaction, {lc}"))
+    rows += guarded("lossless" if dtype == "fp32" else "fixed point", model_name, dtype,
+                    lambda: check_methods(target, dtype, model_name, texts, new_tokens, work, only=only, heads=heads))
     long_only = LONG_METHODS if only is None else tuple(m for m in LONG_METHODS if m in only)
-    rows += check_methods(target, dtype, model_name, [long], new_tokens // 2, work / "long", only=long_only,
-                          context=f", {len(long)} context")
+    rows += guarded(f"methods, {lc}", model_name, dtype,
+                    lambda: check_methods(target, dtype, model_name, [long], new_tokens // 2, work / "long",
+                                          only=long_only, context=f", {lc}", heads=heads))
     if dtype != "bf16":
-        rows += check_sampling(target, dtype, model_name, texts, new_tokens, work / "sampling", only=only)
+        rows += guarded("sampling T = 1", model_name, dtype,
+                        lambda: check_sampling(target, dtype, model_name, texts, new_tokens, work / "sampling",
+                                               only=only, heads=heads))
     if dtype == "fp32":
         expected = [generate(target, Drafter(vocab_size=0), p, max_new_tokens=new_tokens).output_ids for p in texts]
-        rows.append(check_budget_auto(target, dtype, model_name, texts, new_tokens, work / "auto", expected,
-                                      only=only))
-        rows.append(check_batch(target, dtype, model_name, texts, new_tokens, work / "batch", expected, only=only))
+        rows += guarded("budget=auto", model_name, dtype,
+                        lambda: check_budget_auto(target, dtype, model_name, texts, new_tokens, work / "auto", expected,
+                                                  only=only, heads=heads))
+        rows += guarded("batch of 2", model_name, dtype,
+                        lambda: check_batch(target, dtype, model_name, texts, new_tokens, work / "batch", expected,
+                                            only=only, heads=heads))
     return rows
+
+
+@dataclass
+class Stage:
+    """One part of the check that runs and is written on its own: ``plan`` (the 70B placement, on ``meta``),
+    ``sdpa`` (the tree mask under each attention backend), ``<model>-<dtype>`` (correctness in fp32, fp16 or
+    bf16) or ``<model>-speed`` (the cost curve, the speed table, host syncs per step against each method's
+    ceiling)."""
+
+    model: str
+    kind: str
+    rows: list[Row] = field(default_factory=list)
+    speed: list[dict[str, Any]] = field(default_factory=list)
+    curves: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return self.kind if self.model == "" else f"{self.model}-{self.kind}"
+
+    def matches(self, selector: str) -> bool:
+        return selector in (self.name, self.model, self.kind)
+
+
+def plan_stages(tiny: bool = False, models: tuple[str, ...] | None = None,
+                dtypes: tuple[str, ...] | None = None, stages: tuple[str, ...] | None = None) -> list[Stage]:
+    """The stages in the order they run, those ``stages`` selects (a stage's name, a model's or a kind's: ``plan``,
+    ``llama3-8b``, ``fp16``, ``speed`` …), or every one; an unknown selector is refused in one line."""
+    shapes = [k for k in (TINY if tiny else SHAPES) if models is None or k in models]
+    every = [Stage("", "plan"), Stage("", "sdpa")]
+    for model in shapes:
+        every += [Stage(model, d) for d in DTYPES if dtypes is None or d in dtypes] + [Stage(model, "speed")]
+    if not stages:
+        return every
+    for sel in stages:
+        if not any(st.matches(sel) for st in every):
+            names = sorted({st.name for st in every} | {st.model for st in every if st.model} | set(DTYPES) | {"speed"})
+            raise ValueError(f"no gpu-check stage '{sel}': choose among {', '.join(names)}")
+    return [st for st in every if any(st.matches(sel) for sel in stages)]
+
+
+def run_stage(stage: Stage, device: str, work: Path, heads: Path, *, tiny: bool = False, layers: int = 4,
+              speed_layers: int = 32, new_tokens: int = 48, speed_tokens: int = 64, long_context: int = LONG_CONTEXT,
+              methods: tuple[str, ...] | None = None, progress: Callable[[str], None] = lambda s: None) -> Stage:
+    """Run ``stage`` (its rows, speed table and curves filled in); any error is a failed row of the stage."""
+    start = time.perf_counter()
+    only = None if methods is None else ("autoregressive", *methods)
+    shapes = TINY if tiny else SHAPES
+    progress(f"stage {stage.name}")
+    try:
+        if stage.kind == "plan":
+            stage.rows += guarded("70B plan (meta)", "llama2-70b", "fp16", plan_70b)
+        elif stage.kind == "sdpa":
+            model = next(iter(shapes))
+            stage.rows += check_backends(shapes[model], model, layers, device)
+        elif stage.kind in DTYPES:
+            shape = shapes[stage.model]
+            texts = prompts(shape["vocab_size"])
+            (long,) = prompts(shape["vocab_size"], n=1, length=long_context, seed=3)
+            model = build(shape, layers, DTYPES[stage.kind], device)
+            target = Target(model)
+            work.mkdir(parents=True, exist_ok=True)
+            stage.rows += correctness(target, stage.kind, stage.model, texts, long, new_tokens, work, only=only,
+                                      heads=heads)
+            if stage.kind == "fp16" or (tiny and stage.kind == "fp32"):
+                progress(f"stage {stage.name}: device_map")
+                stage.rows += guarded("device_map", stage.model, stage.kind, lambda: check_device_map(
+                    model, stage.kind, stage.model, texts[:1], new_tokens, work, device, heads=heads))
+        else:
+            run_speed(stage, shapes[stage.model], device, work, heads, speed_layers, speed_tokens, tiny, only)
+    except Exception as err:  # noqa: BLE001 - building the model, say: the stage's failed row
+        stage.rows.append((f"stage {stage.name}", stage.model or "—", stage.kind, False,
+                           f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"))
+    finally:
+        free_memory()
+    stage.seconds = time.perf_counter() - start
+    return stage
+
+
+def run_speed(stage: Stage, shape: dict, device: str, work: Path, heads: Path, speed_layers: int,
+              speed_tokens: int, tiny: bool, only: tuple[str, ...] | None) -> None:
+    """The speed stage: a model of as many layers as fit, its cost curve, the per-method table and the host
+    syncs per step of every method, greedy and sampling, against its ceiling."""
+    half = torch.float16 if device == "cuda" else torch.float32
+    free = torch.cuda.mem_get_info()[0] if device == "cuda" else None
+    n = fit_layers(shape, speed_layers, 2 if device == "cuda" else 4, free)
+    texts = prompts(shape["vocab_size"])
+    target = Target(build(shape, n, half, device))
+    work.mkdir(parents=True, exist_ok=True)
+    qs = (1, 8, 32) if tiny else None
+    dtype = "fp16" if half == torch.float16 else "fp32"
+    stage.curves[stage.model], table = speed(target, stage.model, texts, speed_tokens, work, cost_qs=qs, only=only,
+                                             heads=heads)
+    stage.speed += [{**r, "layers": n} for r in table]
+    stage.rows += guarded("host syncs", stage.model, dtype, lambda: check_syncs(
+        target, dtype, stage.model, texts, speed_tokens, work / "syncs", only=only, heads=heads))
+    if target.model.config._attn_implementation != "sdpa":  # grouped-query: also K/V repeated per head
+        from specbench.budget.costs import QS, measure
+
+        target.model.set_attn_implementation("sdpa")
+        stage.curves[f"{stage.model}, K/V repeated (hardware.gqa=repeat)"] = measure(
+            target, shape["vocab_size"], qs=qs or QS, context_length=shape["max_position_embeddings"])
 
 
 def run_checks(device: str, *, tiny: bool = False, layers: int = 4, speed_layers: int = 32, new_tokens: int = 48,
                speed_tokens: int = 64, long_context: int = LONG_CONTEXT, models: tuple[str, ...] | None = None,
                dtypes: tuple[str, ...] | None = None, methods: tuple[str, ...] | None = None,
-               progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
-    """Every check and the speed table on ``device``; ``tiny`` uses :data:`TINY` shapes (the CPU self-test);
-    ``long_context``: the tokens of the long prompt; ``models``, ``dtypes`` and ``methods``: some of them (all
-    when None; the baseline always runs)."""
-    shapes = {k: v for k, v in (TINY if tiny else SHAPES).items() if models is None or k in models}
-    rows: list[Row] = [plan_70b()]
-    speeds: list[dict[str, Any]] = []
-    curves: dict[str, Any] = {}
+               stages: tuple[str, ...] | None = None, progress: Callable[[str], None] = lambda s: None,
+               on_stage: Callable[[Stage], None] = lambda st: None) -> dict[str, Any]:
+    """Every stage (or those ``stages`` selects) on ``device``, each handed to ``on_stage`` as it finishes;
+    ``tiny`` uses :data:`TINY` shapes (the CPU self-test); ``long_context``: the tokens of the long prompt;
+    ``models``, ``dtypes`` and ``methods``: some of them (all when None; the baseline always runs). A model's
+    random heads are written once, in fp16, shared by its stages and deleted after its last one."""
+    plan = plan_stages(tiny, models, dtypes, stages)
+    done: list[Stage] = []
     with tempfile.TemporaryDirectory(prefix="specbench-gpu-check-") as tmp:
-        for model_name, shape in shapes.items():
-            texts = prompts(shape["vocab_size"])
-            (long,) = prompts(shape["vocab_size"], n=1, length=long_context, seed=3)
-            base = build(shape, layers, torch.float32, device)
-            for dtype, torch_dtype in DTYPES.items():
-                if dtypes is not None and dtype not in dtypes:
-                    continue
-                progress(f"{model_name} {dtype}: tree, compaction, methods, sampling, budget=auto, long context")
-                model = base if dtype == "fp32" else build(shape, layers, torch_dtype, device)
-                if dtype != "fp32":
-                    model.load_state_dict(base.state_dict())
-                target = Target(model)
-                work = Path(tmp) / f"{model_name}-{dtype}"
-                work.mkdir()
-                rows += correctness(target, dtype, model_name, texts, long, new_tokens, work,
-                                    only=None if methods is None else ("autoregressive", *methods))
-                if dtype == "fp16" or (tiny and dtype == "fp32"):
-                    progress(f"{model_name} {dtype}: device_map")
-                    rows += check_device_map(model, dtype, model_name, texts[:1], new_tokens, work, device)
-                if model is not base:
-                    del model, target
-            del base
-            half = torch.float16 if device == "cuda" else torch.float32
-            free = torch.cuda.mem_get_info()[0] if device == "cuda" else None
-            n = fit_layers(shape, speed_layers, 2 if device == "cuda" else 4, free)
-            progress(f"{model_name}: speed at {n} layers" + (f" (of {speed_layers}: the GPU's free memory)"
-                                                              if n < speed_layers else ""))
-            target = Target(build(shape, n, half, device))
-            work = Path(tmp) / f"{model_name}-speed"
-            work.mkdir()
-            qs = (1, 8, 32) if tiny else None
-            curves[model_name], table = speed(target, model_name, texts, speed_tokens, work, cost_qs=qs,
-                                              only=None if methods is None else ("autoregressive", *methods))
-            speeds += [{**r, "layers": n} for r in table]
-            if target.model.config._attn_implementation != "sdpa":  # grouped-query: also K/V repeated per head
-                from specbench.budget.costs import QS, measure
-
-                target.model.set_attn_implementation("sdpa")
-                curves[f"{model_name}, K/V repeated (hardware.gqa=repeat)"] = measure(
-                    target, shape["vocab_size"], qs=qs or QS, context_length=shape["max_position_embeddings"])
-            del target
-            if device == "cuda":
-                torch.cuda.empty_cache()
-    return {"checks": rows, "speed": speeds, "curves": curves, "ok": all(r[3] for r in rows)}
+        for i, stage in enumerate(plan):
+            heads = Path(tmp) / f"{stage.model or 'shared'}-heads"
+            run_stage(stage, device, Path(tmp) / stage.name, heads, tiny=tiny, layers=layers,
+                      speed_layers=speed_layers, new_tokens=new_tokens, speed_tokens=speed_tokens,
+                      long_context=long_context, methods=methods, progress=progress)
+            shutil.rmtree(Path(tmp) / stage.name, ignore_errors=True)
+            if all(later.model != stage.model for later in plan[i + 1 :]):
+                shutil.rmtree(heads, ignore_errors=True)
+            done.append(stage)
+            on_stage(stage)
+    rows = [r for st in done for r in st.rows]
+    return {"checks": rows, "speed": [r for st in done for r in st.speed],
+            "curves": {k: v for st in done for k, v in st.curves.items()}, "ok": all(r[3] for r in rows),
+            "stages": done}

@@ -65,10 +65,12 @@ def prompts(vocab: int, n: int = 2, length: int = 48, seed: int = 1) -> list[lis
 
 
 def method_settings(name: str, store: Path | None, head_dir: Path, hidden: int, layers: int,
-                    model_config: Any = None, temperature: float = 0.0) -> dict[str, Any]:
+                    model_config: Any = None, temperature: float = 0.0, device: str | torch.device = "cpu"
+                    ) -> dict[str, Any]:
     """What a method needs beyond its defaults to run here: the check's store, a self-draft of the
     target's first layers, an acceptance head (random: it only decides where a draft stops), an EAGLE or
-    Medusa head (random: verification keeps the target's tokens whatever it proposes)."""
+    Medusa head (random: verification keeps the target's tokens whatever it proposes). Heads are written to
+    ``head_dir`` once per kind, in fp16 (initialised on ``device``), and reused by every later call."""
     from specbench.drafting.acceptance_head import AcceptanceHead, save_head
     from specbench.drafting.eagle_drafter import random_head
 
@@ -90,7 +92,10 @@ def method_settings(name: str, store: Path | None, head_dir: Path, hidden: int, 
         params["head_path"] = str(path)
     kind = getattr(get_method(name), "KIND", None)
     if "head" in fields and kind and model_config is not None:
-        params["head"] = str(random_head(kind, model_config, head_dir / f"{name}-head"))
+        folder = head_dir / f"{kind}-head"
+        if not (folder / "config.json").exists():  # written once, reused (Medusa's for the 8B shape: 3 GB)
+            random_head(kind, model_config, folder, dtype=torch.float16, device=device)
+        params["head"] = str(folder)
     return params
 
 
@@ -105,9 +110,10 @@ def build_store(folder: Path, vocab: int, texts: list[list[int]]) -> Path:
 
 
 def drafters(target: Target, vocab: int, workdir: Path, texts: list[list[int]], only: tuple[str, ...] | None = None,
-             sampling: SamplingParams | None = None) -> dict[str, Callable[[], Drafter]]:
+             sampling: SamplingParams | None = None, heads: Path | None = None) -> dict[str, Callable[[], Drafter]]:
     """A fresh drafter per call, for every registered method (the baseline included), or those ``only`` names;
-    drafting for ``sampling`` (greedy when None)."""
+    drafting for ``sampling`` (greedy when None); random heads from ``heads`` (written there once; ``workdir``
+    when None)."""
     workdir.mkdir(parents=True, exist_ok=True)
     store = build_store(workdir, vocab, texts)
     hidden = target.model.config.hidden_size
@@ -116,8 +122,8 @@ def drafters(target: Target, vocab: int, workdir: Path, texts: list[list[int]], 
                              target_model=target.model, target_name=TARGET_NAME)
     out = {}
     for name in only or method_names():
-        settings = method_settings(name, store, workdir, hidden, layers, target.model.config,
-                                   temperature=context.sampling.temperature)
+        settings = method_settings(name, store, heads or workdir, hidden, layers, target.model.config,
+                                   temperature=context.sampling.temperature, device=target.head_device)
         config = build_method_config(name, settings)
         cls = get_method(name)
         out[name] = lambda cls=cls, config=config: cls(config, vocab_size=vocab, seed=0, context=context)

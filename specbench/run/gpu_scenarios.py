@@ -10,7 +10,8 @@
   forward; the placement check, which refuses that for timed runs, is bypassed: nothing is timed);
 - ``70B plan``: the Llama-2-70B shape (80 layers, GQA-8) built on the ``meta`` device, its parameters counted
   against the preset, placed over 4 GPUs of this one's memory as ``device_map=auto`` places it, and refused on
-  one GPU before any weight is read.
+  one GPU before any weight is read exactly when one GPU of this size cannot hold it with a 2k-token KV cache
+  (an 80 GB H100 cannot; a 141 GB H200 can).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ Z_LIMIT = 5.0  # a correct rule strays this far once in ~3.5 million checks
 LLAMA2_70B = dict(vocab_size=32000, hidden_size=8192, intermediate_size=28672, num_attention_heads=64,
                   num_key_value_heads=8, num_hidden_layers=80, max_position_embeddings=4096)
 H100_BYTES = 80 * 2**30  # the GPU the plan assumes where there is none
+KV_TOKENS = 2048  # the context the one-GPU refusal reserves a KV cache for (fp16)
 
 
 def _crash(check: str, model_name: str, dtype: str, err: Exception) -> Row:
@@ -62,13 +64,13 @@ def surprise(target: Target, prompt: list[int], output: list[int]) -> tuple[floa
 
 
 def check_sampling(target: Target, dtype: str, model_name: str, texts: list[list[int]], new_tokens: int,
-                   workdir: Path, only: tuple[str, ...] | None = None) -> list[Row]:
+                   workdir: Path, only: tuple[str, ...] | None = None, heads: Path | None = None) -> list[Row]:
     """Every method at T = 1: no crash, no token the target gives less than :data:`LEAST_PROBABILITY`, and the
     sampled tokens' log-probabilities where the target's own draws put them (|z| ≤ :data:`Z_LIMIT`)."""
     sampling = SamplingParams(temperature=1.0)
     vocab = target.model.config.vocab_size
     rows, found, taus = [], {}, []
-    for name, make in drafters(target, vocab, workdir, texts, only=only, sampling=sampling).items():
+    for name, make in drafters(target, vocab, workdir, texts, only=only, sampling=sampling, heads=heads).items():
         gen = torch.Generator().manual_seed(0)
         try:
             recs = [generate(target, make(), p, max_new_tokens=new_tokens, sampling=sampling, generator=gen)
@@ -91,13 +93,13 @@ def check_sampling(target: Target, dtype: str, model_name: str, texts: list[list
 
 
 def check_batch(target: Target, dtype: str, model_name: str, texts: list[list[int]], new_tokens: int,
-                workdir: Path, expected: list[list[int]], batch_size: int = 2, only: tuple[str, ...] | None = None
-                ) -> Row:
+                workdir: Path, expected: list[list[int]], batch_size: int = 2, only: tuple[str, ...] | None = None,
+                heads: Path | None = None) -> Row:
     """Every method decoding the prompts (each with two answer lengths) ``batch_size`` at a time, rows at their
     own lengths and finished slots refilled: each request's output is its autoregressive output."""
     lengths = (new_tokens, max(1, new_tokens // 3))
     wrong, ran = [], 0
-    for name, make in drafters(target, target.model.config.vocab_size, workdir, texts, only=only).items():
+    for name, make in drafters(target, target.model.config.vocab_size, workdir, texts, only=only, heads=heads).items():
         first = make()
         wanted = [(j, p, n) for n in lengths for j, p in enumerate(texts)]
         queue = [Request(p, n, first.spawn() if i else first, tag=(j, n)) for i, (j, p, n) in enumerate(wanted)][::-1]
@@ -117,7 +119,7 @@ def check_batch(target: Target, dtype: str, model_name: str, texts: list[list[in
 
 def check_budget_auto(target: Target, dtype: str, model_name: str, texts: list[list[int]], new_tokens: int,
                       workdir: Path, expected: list[list[int]], qs: tuple[int, ...] = (1, 8, 32, 64, 128),
-                      only: tuple[str, ...] | None = None) -> Row:
+                      only: tuple[str, ...] | None = None, heads: Path | None = None) -> Row:
     """Every method ``budget=auto`` applies to, planning under a curve measured here, gives ``expected``."""
     from specbench.budget.costs import measure
     from specbench.budget.planner import AutoBudget
@@ -125,7 +127,7 @@ def check_budget_auto(target: Target, dtype: str, model_name: str, texts: list[l
     vocab = target.model.config.vocab_size
     curve = measure(target, vocab, qs=qs, contexts=(len(texts[0]), 1024))
     wrong, ran = [], 0
-    for name, make in drafters(target, vocab, workdir, texts, only=only).items():
+    for name, make in drafters(target, vocab, workdir, texts, only=only, heads=heads).items():
         cls = get_method(name)
         if not getattr(cls, "budget_auto", False) or name == "autoregressive":
             continue
@@ -144,7 +146,7 @@ def check_budget_auto(target: Target, dtype: str, model_name: str, texts: list[l
 
 
 def check_split(folder: Path, dtype: str, model_name: str, texts: list[list[int]], new_tokens: int, workdir: Path,
-                expected: list[list[int]]) -> Row:
+                expected: list[list[int]], heads: Path | None = None) -> Row:
     """The model split between cuda:0 and host memory (nothing is timed), so one GPU runs a split model's hooks:
     the baseline and a tree method with aux nodes give the GPU-alone outputs, and an EAGLE head drafts."""
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=DTYPES[dtype], attn_implementation="sdpa",
@@ -154,7 +156,7 @@ def check_split(folder: Path, dtype: str, model_name: str, texts: list[list[int]
     try:
         got = [generate(target, d, p, max_new_tokens=new_tokens).output_ids
                for p in texts for d in (Drafter(vocab_size=0), get_method("spectra_core")(vocab_size=vocab))]
-        eagle = drafters(target, vocab, workdir / "split", texts, only=("eagle",))["eagle"]
+        eagle = drafters(target, vocab, workdir / "split", texts, only=("eagle",), heads=heads)["eagle"]
         [generate(target, eagle(), p, max_new_tokens=new_tokens) for p in texts]
     except Exception as err:  # noqa: BLE001 - the row says what broke
         return _crash("cuda:0 + CPU split", model_name, dtype, err)
@@ -194,15 +196,19 @@ def plan_70b(gpu_bytes: int | None = None, gpus: int = 4) -> Row:
         quiet.setLevel(level)
     off = sorted({str(v) for v in plan.values()} - {str(i) for i in range(gpus)})
     per_gpu = [sum(1 for k, v in plan.items() if v == i and ".layers." in f".{k}") for i in range(gpus)]
+    kv_bytes = 2 * LLAMA2_70B["num_hidden_layers"] * LLAMA2_70B["num_key_value_heads"] * 128 * 2 * KV_TOKENS
     try:
         _memory_check(preset, {"device": "cuda", "device_map": None, "num_gpus": None},
-                      have=(gpu_bytes, "one GPU"))
+                      have=(gpu_bytes, "one GPU"), reserve=kv_bytes)
         refused = ""
     except ModelLoadError as err:
         refused = str(err)
-    kv_gb = 2 * 80 * LLAMA2_70B["num_key_value_heads"] * 128 * 2 * 2048 / 1e9
-    ok = abs(params - preset["params_b"]) / preset["params_b"] < 0.02 and not off and bool(refused)
+    fits = params * 1e9 * 2 + kv_bytes <= gpu_bytes  # the counted parameters: what the refusal must agree with
+    ok = abs(params - preset["params_b"]) / preset["params_b"] < 0.02 and not off and bool(refused) != fits
+    one = ("refused before loading" if refused else "NOT refused") if not fits else \
+        ("fits, not refused" if not refused else "refused although it fits")
     detail = (f"{params:.1f}B parameters (preset {preset['params_b']}); fp16 over {gpus} × {gpu_bytes / 2**30:.0f} GiB: "
               f"layers per GPU {'/'.join(map(str, per_gpu))}" + (f", offloaded to {', '.join(off)}" if off else "")
-              + f"; 2k-token KV cache {kv_gb:.2f} GB; one GPU: " + ("refused before loading" if refused else "NOT refused"))
+              + f"; {KV_TOKENS // 1024}k-token KV cache {kv_bytes / 1e9:.2f} GB; one GPU of {gpu_bytes / 1e9:.0f} GB: "
+              + one)
     return ("70B plan (meta)", "llama2-70b", "fp16", ok, detail)

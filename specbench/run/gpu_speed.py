@@ -1,41 +1,24 @@
-"""gpu-check's speed table: the cost curve of a model that fills the GPU, and per method τ, draft and forward ms
-per step, implicit host syncs per step (torch's sync debug mode: reads of GPU values and pageable copies; the
-timing's explicit synchronizes are not counted) and peak memory."""
+"""gpu-check's speed stage and the checks that go with it: the cost curve of a model that fills the GPU; per method
+τ, draft and forward ms per step, implicit host syncs per step (torch's sync debug mode, :mod:`specbench.run.syncs`:
+reads of GPU values and blocking copies; the timing's explicit synchronizes are not counted) and peak memory; every
+step's syncs against its method's ceiling, greedy and at T = 1."""
 
 from __future__ import annotations
 
-import contextlib
-import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from specbench.core.acceptance import SamplingParams
 from specbench.core.decode import generate
 from specbench.core.forward import Target
-from specbench.run.gpu_models import drafters
-
-
-@contextlib.contextmanager
-def count_syncs() -> Iterator[list]:
-    """Count implicit host syncs (torch.cuda's sync debug mode) inside the block; [] off CUDA."""
-    caught: list = []
-    if not torch.cuda.is_available():
-        yield caught
-        return
-    torch.cuda.set_sync_debug_mode("warn")
-    try:
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
-            yield caught
-        caught.extend(w for w in seen if "synchroniz" in str(w.message))
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+from specbench.run.gpu_models import Row, drafters
+from specbench.run.syncs import ceilings, judge, step_syncs
 
 
 def speed(target: Target, model_name: str, texts: list[list[int]], new_tokens: int, workdir: Path,
-          cost_qs=None, only: tuple[str, ...] | None = None) -> tuple[Any, list[dict[str, Any]]]:
+          cost_qs=None, only: tuple[str, ...] | None = None, heads: Path | None = None) -> tuple[Any, list[dict[str, Any]]]:
     """The cost curve and, per method (or those ``only`` names), τ, draft and forward ms per step, host syncs per
     step, peak memory."""
     from specbench.budget.costs import QS, measure
@@ -43,22 +26,25 @@ def speed(target: Target, model_name: str, texts: list[list[int]], new_tokens: i
     vocab = target.model.config.vocab_size
     curve = measure(target, vocab, qs=cost_qs or QS, context_length=target.model.config.max_position_embeddings)
     rows = []
-    for name, make in drafters(target, vocab, workdir, texts, only=only).items():
+    for name, make in drafters(target, vocab, workdir, texts, only=only, heads=heads).items():
         generate(target, make(), texts[0], max_new_tokens=8)  # warm-up
         target.reset_peak_memory()
         steps = tokens = 0
         draft_s = forward_s = 0.0
-        with count_syncs() as syncs:
-            for prompt in texts:
-                rec = generate(target, make(), prompt, max_new_tokens=new_tokens)
-                steps += rec.steps
-                tokens += rec.new_tokens
-                draft_s += sum(rec.step_draft_s[1:])
-                forward_s += sum(rec.step_times[1:]) - sum(rec.step_draft_s[1:])
+        counts: list[int] = []
+        for prompt in texts:
+            drafter = make()
+            with step_syncs(drafter) as each:
+                rec = generate(target, drafter, prompt, max_new_tokens=new_tokens)
+            counts += each
+            steps += rec.steps
+            tokens += rec.new_tokens
+            draft_s += sum(rec.step_draft_s[1:])
+            forward_s += sum(rec.step_times[1:]) - sum(rec.step_draft_s[1:])
         decode_steps = max(steps - len(texts), 1)
         rows.append({"model": model_name, "method": name, "tau": tokens / steps,
                      "draft_ms": 1000 * draft_s / decode_steps, "forward_ms": 1000 * forward_s / decode_steps,
-                     "syncs": len(syncs) / decode_steps if torch.cuda.is_available() else float("nan"),
+                     "syncs": sum(counts) / decode_steps if torch.cuda.is_available() else float("nan"),
                      "peak_gb": target.peak_memory_gb()})
     return curve, rows
 
@@ -72,3 +58,37 @@ def fit_layers(shape: dict, layers: int, bytes_per_param: int, free_bytes: int |
     if free_bytes is None:
         return layers
     return max(1, min(layers, int((0.8 * free_bytes - fixed) // per_layer)))
+
+
+def check_syncs(target: Target, dtype: str, model_name: str, texts: list[list[int]], new_tokens: int, workdir: Path,
+                only: tuple[str, ...] | None = None, heads: Path | None = None) -> list[Row]:
+    """Every method (or those ``only`` names), greedy and at T = 1: each decode step's host syncs, counted from
+    torch's sync debug mode, within [1, its ceiling] (:func:`specbench.run.syncs.ceilings`). Off CUDA nothing
+    is counted and the rows say so."""
+    if not torch.cuda.is_available():
+        return [("host syncs", model_name, dtype, True, "not counted: no CUDA device")]
+    rows = []
+    for sampling in (SamplingParams(), SamplingParams(temperature=1.0)):
+        bad, seen, ran = [], [], 0
+        for name, make in drafters(target, target.model.config.vocab_size, workdir, texts, only=only,
+                                   sampling=sampling, heads=heads).items():
+            gen = torch.Generator().manual_seed(0)
+            try:
+                for prompt in texts:
+                    drafter = make()
+                    with step_syncs(drafter) as counts:
+                        rec = generate(target, drafter, prompt, max_new_tokens=new_tokens, sampling=sampling,
+                                       generator=gen)
+                    ok, detail = judge(counts, ceilings(type(drafter), drafter.config, rec, not sampling.greedy))
+                    if not ok:
+                        bad.append(f"{name} {detail}")
+                        break
+                    seen += counts
+                ran += 1
+            except Exception as err:  # noqa: BLE001 - that method's failure; the others still run
+                bad.append(f"{name} ({type(err).__name__}: {str(err)[:80]})")
+        label = "host syncs, " + ("greedy" if sampling.greedy else "T = 1")
+        detail = (f"{ran} methods, {min(seen)}–{max(seen)} a step, each within its ceiling" if not bad and seen
+                  else "; ".join(bad) or "no step counted")
+        rows.append((label, model_name, dtype, not bad and bool(seen), detail))
+    return rows

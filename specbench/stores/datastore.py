@@ -29,7 +29,8 @@ shares the page cache) and searches in Rust. pydivsufsort built faster and
 half as large, but its pattern search takes bytes only, and a binary search in
 Python over its suffix array was ~15x slower per lookup (README: "Datastores").
 REST's ``draftretriever`` stores u16 ids, so ids >= 65,536 silently wrap: it
-is not used.
+is not used. Where tokengrams has no wheel (Python 3.12 and later), the same
+files are built and searched by :mod:`specbench.stores.suffix_table` in numpy.
 """
 
 from __future__ import annotations
@@ -58,10 +59,11 @@ BUILD_HINT = "make datastore MODEL={model} SOURCE={source}"
 
 
 def _tokengrams():
+    """tokengrams when it is installed, else :mod:`specbench.stores.suffix_table` (the same files, in numpy)."""
     try:
         import tokengrams
-    except ImportError:  # pragma: no cover - a declared dependency
-        raise ConfigError("the datastore needs the tokengrams package: pip install tokengrams") from None
+    except ImportError:  # no wheel for this Python (3.12 and later): the numpy table reads and writes the same
+        from specbench.stores import suffix_table as tokengrams
     return tokengrams
 
 

@@ -167,6 +167,23 @@ def test_the_70b_plan_fits_four_h100s_offloads_on_small_gpus_and_refuses_one_gpu
     assert not small[3] and "offloaded" in small[4]
 
 
+def test_the_70b_refusal_scales_with_the_gpus_memory(monkeypatch):
+    """An H200 (141 GB) holds the 138 GB of fp16 weights and a 2k-token KV cache: not refused, and the row passes;
+    a GPU 1 GB short of weights plus cache is refused. A refusal that ignored the size fails the row."""
+    h200 = gpu_scenarios.plan_70b(gpu_bytes=141 * 10**9, gpus=4)
+    assert h200[3] and "fits, not refused" in h200[4], h200
+    need = 69.0e9 * 2 + 2 * 80 * 8 * 128 * 2 * 2048
+    short = gpu_scenarios.plan_70b(gpu_bytes=int(need - 10**9), gpus=4)
+    assert short[3] and "refused before loading" in short[4], short
+    from specbench.models import config
+
+    def always(cfg, hw, have=None, reserve=0):
+        raise config.ModelLoadError("refused")
+
+    monkeypatch.setattr(config, "_memory_check", always)
+    assert not gpu_scenarios.plan_70b(gpu_bytes=141 * 10**9, gpus=4)[3]
+
+
 def test_every_check_passes_on_a_simulated_gpu():
     """gpu-check's CUDA path as a lent GPU runs it (torch.cuda's queries, the sync debug mode, the model split
     between cuda:0 and host memory through accelerate's offload hooks), on one simulated GPU."""
@@ -179,7 +196,62 @@ def test_every_check_passes_on_a_simulated_gpu():
     assert not failed, failed
     names = {r[0] for r in result["checks"]}
     assert {"device_map", "cuda:0 + CPU split", "sampling T = 1", "budget=auto", "batch of 2",
-            "lossless, 64 context"} <= names
-    assert all(r["syncs"] == r["syncs"] for r in result["speed"])  # counted (NaN without CUDA)
+            "lossless, 64 context", "host syncs, greedy", "host syncs, T = 1", "sdpa math", "70B plan (meta)"} <= names
+    syncs = [r for r in result["checks"] if r[0].startswith("host syncs")]
+    assert all(f"{len(SIM_METHODS) + 1} methods" in r[4] for r in syncs), syncs  # every method counted, both ways
+    assert all(r["syncs"] >= 1 for r in result["speed"])  # counted from the sync debug mode's warnings
     assert {r["method"] for r in result["speed"]} == {"autoregressive", *SIM_METHODS}
     assert "llama3-8b, K/V repeated (hardware.gqa=repeat)" in result["curves"]
+
+
+def test_each_stage_is_written_as_it_finishes_and_a_crash_is_its_failed_row(tmp_path, monkeypatch, capsys):
+    """A stage that raises (an out-of-memory error while building its model) is one failed row; the stages after
+    it still run, and every finished stage's tables are on disk, in markdown and JSON."""
+    import json
+
+    real = gpu_check.build
+
+    def build(shape, layers, dtype, device, seed=0):
+        if dtype == torch.float16:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(shape, layers, dtype, device, seed)
+
+    monkeypatch.setattr(gpu_check, "build", build)
+    seen = []
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--device", "cpu", "--tiny", "--layers", "2", "--speed-layers", "2", "--tokens", "4",
+                  "--speed-tokens", "4", "--long-context", "64", "--models", "llama3-8b", "--methods", "pld",
+                  "--stages", "plan", "fp16", "fp32", "--out", str(tmp_path)])
+    assert exit_.value.code == 1
+    for name in ("plan", "llama3-8b-fp32", "llama3-8b-fp16"):
+        seen.append(json.loads((tmp_path / f"{name}.json").read_text()))
+        assert (tmp_path / f"{name}.md").read_text().startswith("# gpu-check on")
+    fp16 = seen[2]["checks"]
+    assert [c["ok"] for c in fp16] == [False] and "OutOfMemoryError" in fp16[0]["detail"]
+    assert all(c["ok"] for c in seen[1]["checks"]) and any(c["check"] == "lossless" for c in seen[1]["checks"])
+    combined = (tmp_path / "gpu-check.md").read_text()
+    assert "| stage llama3-8b-fp16 |" in combined and "| lossless |" in combined and "| 70B plan (meta) |" in combined
+    assert [s["stage"] for s in json.loads((tmp_path / "gpu-check.json").read_text())] == \
+        ["plan", "llama3-8b-fp32", "llama3-8b-fp16"]
+
+
+def test_an_unknown_stage_is_refused_in_one_line_naming_the_stages(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--device", "cpu", "--tiny", "--stages", "llama3-8b-fp8"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and "llama3-8b-fp16" in err
+
+
+def test_random_heads_are_written_once_per_shape_in_fp16_and_reused(small, tmp_path):
+    target, texts = small
+    heads = tmp_path / "heads"
+    first = gpu_models.drafters(target, 1024, tmp_path / "a", texts, only=("eagle", "medusa"), heads=heads)
+    stamp = {p: p.stat().st_mtime_ns for p in heads.rglob("*.safetensors")}
+    gpu_models.drafters(target, 1024, tmp_path / "b", texts, only=("eagle", "medusa", "sam_decoding"), heads=heads)
+    assert len(stamp) == 2 and stamp == {p: p.stat().st_mtime_ns for p in heads.rglob("*.safetensors")}
+    from safetensors import safe_open
+
+    for path in stamp:
+        with safe_open(str(path), "pt") as f:
+            assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.float16}
+    assert first["eagle"]().head.c.kind == "eagle"
