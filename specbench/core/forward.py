@@ -39,6 +39,8 @@ that read its logits and the timing's.
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import torch
 
@@ -105,6 +107,7 @@ class Target:
         self.layer_devices = ([runs_on(layer) for layer in layers] if layers is not None
                               else [self.device] * config.num_hidden_layers)
         self.dtype = next(model.parameters()).dtype
+        self.cache_kwarg = cache_kwarg(self.base)
         self.is_cuda = any(d.type == "cuda" for d in self.devices)
         self.features: dict[int, torch.Tensor] = {}  # the last forward's hidden states, for the layers asked for
         self.row_features: list[dict[int, torch.Tensor]] = []  # forward_rows: each row's
@@ -155,7 +158,7 @@ class Target:
             input_ids=ids,
             position_ids=positions,
             attention_mask=mask,
-            cache=cache,
+            **{self.cache_kwarg: cache},
             use_cache=True,
             output_hidden_states=bool(features),
         )
@@ -325,3 +328,10 @@ def _kept_rows(draft: Draft) -> list[int]:
     if draft.aux_logit_rows is None:
         return list(range(first_aux + draft.n_aux))
     return list(range(first_aux)) + [first_aux + j for j in draft.aux_logit_rows]
+
+
+def cache_kwarg(model: torch.nn.Module) -> str:
+    """The name a transformers model's forward takes its KV cache by: ``cache`` from transformers 5.24 on
+    (``past_key_values`` deprecated), ``past_key_values`` before (an unknown ``cache`` would be ignored, and a
+    step would attend over its own tokens alone)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"

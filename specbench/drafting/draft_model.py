@@ -49,7 +49,7 @@ from transformers import DynamicCache
 
 from specbench.core.acceptance import SamplingParams, sample, target_probs
 from specbench.core.draft import SOURCE_MODEL, DecodeState, Draft, Drafter, DrafterContext
-from specbench.core.forward import Target, upload
+from specbench.core.forward import Target, cache_kwarg, upload
 from specbench.errors import ConfigError
 from specbench.models import model_config_check, model_preset
 
@@ -159,7 +159,7 @@ class DraftLM:
                 attention_mask=mask[kind] if isinstance(mask, dict) else mask,
                 position_embeddings=rope[kind] if types else rope,
                 position_ids=positions,
-                past_key_values=self.cache,
+                **{cache_kwarg(self.base.layers[i]): self.cache},
                 use_cache=True,
             )
             hidden = out[0] if isinstance(out, tuple) else out

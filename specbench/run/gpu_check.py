@@ -36,7 +36,17 @@ from methods.registry import get_method
 from specbench.core.decode import generate
 from specbench.core.draft import Draft, Drafter
 from specbench.core.forward import Target
-from specbench.run.gpu_models import DTYPES, SHAPES, TINY, Row, build, drafters, margins, prompts
+from specbench.run.gpu_models import (
+    DTYPES,
+    SHAPES,
+    TINY,
+    Row,
+    build,
+    drafters,
+    forget_drafters,
+    margins,
+    prompts,
+)
 from specbench.run.gpu_scenarios import check_batch, check_budget_auto, check_sampling, check_split, plan_70b
 from specbench.run.gpu_speed import check_syncs, fit_layers, speed
 
@@ -45,6 +55,7 @@ __all__ = ["SHAPES", "TINY", "build", "check_compaction", "check_methods", "chec
 
 # Largest tree-vs-branch logit difference allowed, in standard deviations of the logits.
 TREE_TOLERANCE = {"fp32": 1e-3, "fp16": 2e-2, "bf16": 1e-1}
+ULPS = 4  # a greedy choice within this many units of the logits' last place (in the model's dtype) is a tie
 LONG_CONTEXT = 2048
 LONG_METHODS = ("autoregressive", "spectra_core", "lookahead", "eagle", "eagle3", "medusa")  # at 2k tokens
 
@@ -146,7 +157,8 @@ def check_methods(target: Target, dtype: str, model_name: str, texts: list[list[
                   workdir: Path, only: tuple[str, ...] | None = None, context: str = "", heads: Path | None = None
                   ) -> list[Row]:
     """fp32: every method's (or those ``only``) output equals the baseline's; fp16/bf16: every output a greedy
-    fixed point within twice the baseline's own margin (or 1% of the logits' spread). ``context`` names the
+    fixed point within twice the baseline's own margin (or 1% of the logits' spread, or :data:`ULPS` units in the
+    last place of the largest logit, whichever is more). ``context`` names the
     prompts in the rows (" , 2k context")."""
     makers = drafters(target, target.model.config.vocab_size, workdir, texts, only=only, heads=heads)
     outputs, crashed = {}, []
@@ -161,8 +173,10 @@ def check_methods(target: Target, dtype: str, model_name: str, texts: list[list[
         return crashed + [("lossless" + context, model_name, dtype, not wrong,
                            f"{len(outputs)} methods equal autoregressive" if not wrong else f"differ: {', '.join(wrong)}")]
     with torch.inference_mode():
-        spread = float(target.model(input_ids=torch.tensor([texts[0]], device=target.device)).logits.float().std())
-    allowed = max(2 * max(margins(target, p, o) for p, o in zip(texts, base, strict=True)), 0.01 * spread)
+        logits = target.model(input_ids=torch.tensor([texts[0]], device=target.device)).logits.float()
+    spread = float(logits.std())
+    ulps = ULPS * torch.finfo(target.dtype).eps * float(logits.abs().max())  # rounding of the logits themselves
+    allowed = max(2 * max(margins(target, p, o) for p, o in zip(texts, base, strict=True)), 0.01 * spread, ulps)
     worst = {n: max(margins(target, p, o) for p, o in zip(texts, outs, strict=True)) for n, outs in outputs.items()}
     bad = [f"{n} {m:.2f}" for n, m in worst.items() if m > allowed]
     same = sum(outs == base for outs in outputs.values())
@@ -213,6 +227,7 @@ def guarded(check: str, model_name: str, dtype: str, fn: Callable[[], Row | list
 
 
 def free_memory() -> None:
+    forget_drafters()
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()

@@ -113,7 +113,8 @@ def drafters(target: Target, vocab: int, workdir: Path, texts: list[list[int]], 
              sampling: SamplingParams | None = None, heads: Path | None = None) -> dict[str, Callable[[], Drafter]]:
     """A fresh drafter per call, for every registered method (the baseline included), or those ``only`` names;
     drafting for ``sampling`` (greedy when None); random heads from ``heads`` (written there once; ``workdir``
-    when None)."""
+    when None), loaded once per target and sampling (later drafters are spawns of the first: fresh state, the
+    same weights)."""
     workdir.mkdir(parents=True, exist_ok=True)
     store = build_store(workdir, vocab, texts)
     hidden = target.model.config.hidden_size
@@ -126,8 +127,29 @@ def drafters(target: Target, vocab: int, workdir: Path, texts: list[list[int]], 
                                    temperature=context.sampling.temperature, device=target.head_device)
         config = build_method_config(name, settings)
         cls = get_method(name)
-        out[name] = lambda cls=cls, config=config: cls(config, vocab_size=vocab, seed=0, context=context)
+        if getattr(cls, "KIND", None) and "head" in settings:  # its weights loaded once, then shared
+            key = (id(target.model), name, context.sampling.temperature, settings["head"])
+            out[name] = lambda cls=cls, config=config, key=key: _prototype(key, lambda: cls(
+                config, vocab_size=vocab, seed=0, context=context)).spawn()
+        else:
+            out[name] = lambda cls=cls, config=config: cls(config, vocab_size=vocab, seed=0, context=context)
     return out
+
+
+_PROTOTYPES: dict = {}
+
+
+def _prototype(key, make: Callable[[], Drafter]) -> Drafter:
+    """A head method's first drafter for this target, sampling and head, kept so that later ones are its spawns
+    (the same weights, fresh state) instead of loading the head again: Medusa's for the 8B shape is 3 GB."""
+    if key not in _PROTOTYPES:
+        _PROTOTYPES[key] = make()
+    return _PROTOTYPES[key]
+
+
+def forget_drafters() -> None:
+    """Drop the kept head drafters (their GPU memory with them): at the end of each gpu-check stage."""
+    _PROTOTYPES.clear()
 
 
 @torch.inference_mode()

@@ -251,3 +251,31 @@ def test_aux_only_draft_is_not_replaced_by_an_empty_one():
 
     rec = generate(target, WindowOnly(vocab_size=VOCAB), PROMPTS[0], max_new_tokens=4)
     assert seen == [(2, VOCAB)] * 3 and rec.new_tokens == 4
+
+
+def test_a_model_that_takes_its_cache_as_past_key_values_decodes_as_one_that_takes_cache():
+    """transformers before 5.24 names the forward's KV cache ``past_key_values`` and drops an unknown ``cache``
+    without a word (each step then attends over its own tokens alone): the target passes the name the installed
+    model takes, so a tree method's output is the same either way."""
+    from transformers.models.llama.modeling_llama import LlamaModel
+
+    from methods.registry import get_method
+    from specbench.core.forward import cache_kwarg
+
+    class OlderLlamaModel(LlamaModel):
+        def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, **kwargs):
+            kwargs.pop("cache", None)  # unknown to such a version: ignored
+            return super().forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                   cache=past_key_values, **kwargs)
+
+    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
+    outputs = []
+    for older in (False, True):
+        model = build("llama")
+        if older:
+            model.model.__class__ = OlderLlamaModel
+        target = Target(model)
+        assert target.cache_kwarg == ("past_key_values" if older else "cache") == cache_kwarg(model.model)
+        outputs.append([generate(target, d, prompt, max_new_tokens=12).output_ids
+                        for d in (Drafter(vocab_size=VOCAB), get_method("spectra_core")(vocab_size=VOCAB))])
+    assert outputs[0] == outputs[1] and outputs[0][0] == outputs[0][1]

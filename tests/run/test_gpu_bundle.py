@@ -9,7 +9,6 @@ import sys
 import sysconfig
 from pathlib import Path
 
-
 ROOT = Path(__file__).resolve().parents[2]
 LACKING = ("omegaconf", "hydra", "antlr4", "tokengrams", "hydra_core", "antlr4_python3_runtime")
 
