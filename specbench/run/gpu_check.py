@@ -57,6 +57,7 @@ __all__ = ["SHAPES", "TINY", "build", "check_compaction", "check_methods", "chec
 TREE_TOLERANCE = {"fp32": 1e-3, "fp16": 2e-2, "bf16": 1e-1}
 ULPS = 4  # a greedy choice within this many units of the logits' last place (in the model's dtype) is a tie
 LONG_CONTEXT = 2048
+SYNC_TOKENS = 24  # new tokens per prompt when counting host syncs (greedy and sampled, every method)
 LONG_METHODS = ("autoregressive", "spectra_core", "lookahead", "eagle", "eagle3", "medusa")  # at 2k tokens
 
 
@@ -359,8 +360,8 @@ def run_speed(stage: Stage, shape: dict, device: str, work: Path, heads: Path, s
     stage.curves[stage.model], table = speed(target, stage.model, texts, speed_tokens, work, cost_qs=qs, only=only,
                                              heads=heads)
     stage.speed += [{**r, "layers": n} for r in table]
-    stage.rows += guarded("host syncs", stage.model, dtype, lambda: check_syncs(
-        target, dtype, stage.model, texts, speed_tokens, work / "syncs", only=only, heads=heads))
+    stage.rows += guarded("host syncs", stage.model, dtype, lambda: check_syncs(  # counts: fewer tokens do
+        target, dtype, stage.model, texts, min(speed_tokens, SYNC_TOKENS), work / "syncs", only=only, heads=heads))
     if target.model.config._attn_implementation != "sdpa":  # grouped-query: also K/V repeated per head
         from specbench.budget.costs import QS, measure
 
