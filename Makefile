@@ -15,7 +15,7 @@ STAMP       := $(VENV)/.specbench-installed
 PYTEST      := $(PY) -m pytest -p no:cacheprovider
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo smoke smoke-experiments test test-slow test-data slurm-test site site-test test-all gpu-check gpu-bundle lint bench bench-stores bench-heads bench-retrieval clean train-acceptance-head train-eagle-head \
+.PHONY: help setup demo smoke smoke-experiments test test-slow test-data slurm-test summary site site-test test-all gpu-check gpu-bundle lint bench bench-stores bench-heads bench-retrieval clean train-acceptance-head train-eagle-head \
         datastore datastore-refine memory_scopes batch_sweep spec_bench table1 table2 table3 table4 table5 table6 table7 figures report reproduce-cpu
 
 # Paper reproduction. Sweeps write <RESULTS>/<experiment>/; reports go to <REPORTS>/ (Markdown, LaTeX,
@@ -53,7 +53,7 @@ LIMIT       ?=
 DATASTORE_ARGS ?=
 
 help: ## list the targets
-	@grep -E '^[a-z0-9 -]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-17s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9_ -]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-22s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -165,6 +165,9 @@ smoke-experiments: setup ## every experiment's smoke variant (tiny model, second
 	$(PY) -m specbench.report batch_sweep --results results/smoke --out reports/smoke/batch_sweep
 	$(PY) -m specbench.report spec_bench --results results/smoke --out reports/smoke/spec_bench
 
+summary: setup ## every run under RESULTS side by side, each preset against its own job's baseline: REPORTS/summary.md, .csv, .png (REPORTS=reports)
+	$(PY) -m specbench.report summary --results $(RESULTS) --out $(REPORTS) $(if $(PAPER_DIR),--paper-dir $(PAPER_DIR))
+
 site: setup ## the results site from RESULTS (default results): $(REPORTS)/site/index.html, opens from file://
 	$(PY) -m specbench.report site --results $(RESULTS) --out $(REPORTS)/site $(if $(PAPER_DIR),--paper-dir $(PAPER_DIR))
 
@@ -221,7 +224,7 @@ memory_scopes: setup ## τ of per-turn / per-sample / per-run drafter memory on 
 	$(SWEEP) experiment=memory_scopes $(ARGS)
 	$(REPORT) memory_scopes
 
-report: setup ## every table and figure from what is in results/ (no runs): reports/report.md
+report: setup ## the summary, every table and figure from what is in RESULTS (no runs): REPORTS/report.md
 	$(REPORT) all
 
 reproduce-cpu: setup ## the whole pipeline on SmolLM2 on the CPU (~20 min on 2 cores once the stores exist): reports/reproduce-cpu/

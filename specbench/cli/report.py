@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from specbench.errors import ConfigError, one_line_errors
 from specbench.tables.paper import MODEL_CODES
@@ -31,7 +33,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("what", nargs="*", default=["all"],
                         help="table1 … table7, figure3, figure4, figure6, tables, figures or all (default); "
                              "memory_scopes, spec_bench (Spec-Bench's leaderboard layout; not paper tables); "
-                             "site (the results site: one folder, opens from file://; --out default reports/site)")
+                             "site (the results site: one folder, opens from file://; --out default reports/site); "
+                             "summary (every run under --results, each preset against its own job's baseline: "
+                             "summary.md, .csv, .png in --out)")
     parser.add_argument("--results", default="results", help="results folder (default: results)")
     parser.add_argument("--out", default="reports", help="output folder (default: reports)")
     parser.add_argument("--paper-dir", default=None,
@@ -43,6 +47,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--limit", type=int, default=None,
                         help="site: how many generations the token view carries (default 400)")
     args = parser.parse_args(argv)
+    if "summary" in args.what:
+        if args.what != ["summary"]:
+            parser.error("summary is written alone: python -m specbench.report summary --results <folder>")
+        from specbench.tables.summary import write_summary
+
+        with one_line_errors():
+            if not Path(args.results).exists():
+                raise ConfigError(f"no results at {args.results}: run a sweep first, or point --results at one")
+            paths = write_summary(args.results, args.out, args.paper_dir)
+        print(paths[0].read_text().split("\n", 2)[2].split("\n![")[0].rstrip())
+        print("\n" + "\n".join(f"wrote {p}" for p in paths), file=sys.stderr)
+        return
     if "site" in args.what:
         if args.what != ["site"]:
             parser.error("site is written alone: python -m specbench.report site --results <folder> --out <folder>")

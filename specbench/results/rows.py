@@ -1,4 +1,4 @@
-"""Result rows and their parquet files: one row per sample × turn × method.
+"""Result rows and their parquet files: one row (one file) per sample × turn × method × repeat.
 
 A run (one config: model, method, dataset, settings) is the folder
 ``results/<experiment>/<run_name>/``, one small parquet file per row, each
@@ -158,21 +158,19 @@ def make_row(
     return row
 
 
-def _slug(value: Any) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", str(value)).strip("-.") or "x"
+def _slug(value: Any, keep: str = "") -> str:
+    return re.sub(rf"[^A-Za-z0-9._{re.escape(keep)}-]+", "-", str(value)).strip("-.") or "x"
 
 
-def run_name(model: str, method: str, dataset: str, temperature: float, seed: int, config_hash: str) -> str:
-    """Filesystem-safe job name, e.g. ``SmolLM2-135M__spectra__mtbench__t0__s0__1a2b3c4d5e6f``."""
+def run_name(model: str, preset: str, dataset: str, temperature: float, seed: int, config_hash: str) -> str:
+    """Filesystem-safe job name, e.g. ``smollm2-135m__spectra_core-cpu:auto__mtbench__t0__s0__1a2b3c4d5e6f``
+    (the preset as the tables name it: a budget's ``:`` kept)."""
     parts = [
-        model.rstrip("/").split("/")[-1],
-        method,
-        dataset,
-        f"t{float(temperature):g}",
-        f"s{int(seed)}",
-        config_hash,
+        _slug(model.rstrip("/").split("/")[-1]),
+        _slug(preset, keep=":"),
+        *(_slug(p) for p in (dataset, f"t{float(temperature):g}", f"s{int(seed)}", config_hash)),
     ]
-    return "__".join(_slug(p) for p in parts)
+    return "__".join(parts)
 
 
 def run_dir_path(results_dir: str | os.PathLike, experiment: str, run_name: str) -> Path:

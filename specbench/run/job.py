@@ -69,18 +69,29 @@ class Job:
 
     @property
     def name(self) -> str:
+        """The run's folder name: model, preset (as the tables and the progress bar name it), dataset, sampling,
+        seed and config hash."""
+        return run_name(self.model_cfg.name, self.preset, self.dataset.name, self.sampling.temperature,
+                        self.seed, self.config_hash)
+
+    @property
+    def legacy_name(self) -> str:
+        """The folder name of runs recorded before folders were named by preset (by method)."""
         return run_name(self.model_cfg.name, self.method, self.dataset.name, self.sampling.temperature,
                         self.seed, self.config_hash)
 
     @property
     def folder(self) -> Path:
-        """Where this job's rows live (one file per writer inside)."""
-        return run_dir_path(self.results_dir, self.experiment, self.name)
+        """Where this job's rows live (one file per writer inside); an earlier version's folder of this very job
+        (named by method) is resumed where it is."""
+        new = run_dir_path(self.results_dir, self.experiment, self.name)
+        old = run_dir_path(self.results_dir, self.experiment, self.legacy_name)
+        return old if old != new and old.is_dir() and not new.exists() else new
 
     @property
     def legacy_file(self) -> Path:
         """The single results file of runs written before the per-writer folders."""
-        return run_file_path(self.results_dir, self.experiment, self.name)
+        return run_file_path(self.results_dir, self.experiment, self.legacy_name)
 
     def preset_of(self, method: str) -> str:
         return self.preset if method == self.method else method
@@ -209,3 +220,14 @@ def preset_name(cfg: DictConfig) -> str:
     except (ImportError, ValueError):
         choice = None
     return str(choice or cfg.method.name)
+
+
+def in_multirun() -> bool:
+    """True inside a job of a Hydra sweep (``run.py -m``)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        return HydraConfig.get().mode == RunMode.MULTIRUN
+    except (ImportError, ValueError):
+        return False

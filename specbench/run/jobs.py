@@ -12,7 +12,8 @@ or on SLURM with ``hydra/launcher=slurm``). Each job:
 :class:`SweepReport` (a Hydra callback, ``hydra.callbacks`` in ``conf/config.yaml``)
 writes each job's outcome next to the job's Hydra output (``specbench_job.json``,
 so that it works the same when jobs run on other machines) and, at the end of a
-sweep, prints jobs done, skipped and failed (with the error).
+sweep, prints jobs done, skipped and failed (with the error) on stderr, then the summary of every row the jobs
+recorded (each preset against its own job's baseline) on stdout.
 """
 
 from __future__ import annotations
@@ -27,25 +28,16 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from specbench.errors import one_line_errors, user_error_types
+from specbench.run.job import in_multirun
 
 STATUS_FILE = "specbench_job.json"
-
-
-def _in_multirun() -> bool:
-    try:
-        from hydra.core.hydra_config import HydraConfig
-        from hydra.types import RunMode
-
-        return HydraConfig.get().mode == RunMode.MULTIRUN
-    except (ImportError, ValueError):
-        return False
 
 
 def run_job(cfg: DictConfig) -> dict[str, Any]:
     """Run one job and say how it went: ``{"status": done|skipped|failed, ...}``."""
     from specbench.run.runner import run
 
-    if not _in_multirun():
+    if not in_multirun():
         with one_line_errors():
             return _outcome(run(cfg))
     try:
@@ -89,6 +81,8 @@ class SweepReport(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         summary = sweep_summary(Path(config.hydra.sweep.dir))
         print(summary["text"], file=sys.stderr)
+        if summary["results"]:  # every job's rows side by side, each preset against its own job's baseline
+            print("\n" + sweep_table(summary["results"]), flush=True)
         if summary["failed"] or summary["silent"]:
             raise SystemExit(1)
 
@@ -108,6 +102,7 @@ def sweep_summary(sweep_dir: Path) -> dict[str, Any]:
         for d in sorted(p.parent.parent for p in sweep_dir.rglob(".hydra/overrides.yaml"))
         if not (d / STATUS_FILE).exists()
     ]
+    results = sorted({o["results"] for o in outcomes if o.get("results") and o.get("status") != "failed"})
     lines = [
         f"sweep {sweep_dir}: {len(count['done'])} done, {len(count['skipped'])} skipped (already recorded), "
         f"{len(count['failed'])} failed" + (f", {len(silent)} without an outcome (killed?)" if silent else "")
@@ -116,4 +111,20 @@ def sweep_summary(sweep_dir: Path) -> dict[str, Any]:
         lines.append(f"  failed: {' '.join(o.get('overrides', []))}: {o.get('error', '?')}")
     for d in silent:
         lines.append(f"  no outcome: {d} (see its log)")
-    return {**{k: len(v) for k, v in count.items()}, "silent": len(silent), "text": "\n".join(lines)}
+    return {**{k: len(v) for k, v in count.items()}, "silent": len(silent), "text": "\n".join(lines),
+            "results": results}
+
+
+def sweep_table(folders: list[str]) -> str:
+    """The summary of the rows the sweep's jobs wrote (:mod:`specbench.results.summary`), with its legend and
+    the command that writes it to files (a folder they share, or each folder)."""
+    import os
+
+    from specbench.results.rows import load_results
+    from specbench.results.summary import format_summary, summary_frame
+
+    rows = load_results([f for f in folders if Path(f).exists()], quiet=True)
+    common = os.path.commonpath(folders) if folders else ""
+    common = str(Path(common).parent) if len(folders) == 1 else common
+    return (format_summary(summary_frame(rows)) + f"\n\nsummary.md, .csv and .png: make summary RESULTS={common}"
+            f" (or python -m specbench.report summary --results {common})")

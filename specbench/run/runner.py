@@ -37,9 +37,10 @@ from specbench.models import load_draft, load_model
 from specbench.provenance import environment_info
 from specbench.results.metrics import BASELINE, summarize
 from specbench.results.rows import ResultWriter, load_results, make_row
-from specbench.results.table import format_table, stores_read
+from specbench.results.summary import format_summary, summary_frame
+from specbench.results.table import stores_read
 from specbench.run import batched
-from specbench.run.job import Job, plan
+from specbench.run.job import Job, in_multirun, plan
 
 
 def run(cfg: DictConfig) -> Any:
@@ -73,7 +74,7 @@ def execute(job: Job) -> Any:
     if n_done < n_gen:
         m.warm_up()
     bar = tqdm(total=n_gen, initial=n_done, unit="gen", disable=not job.progress, file=sys.stderr,
-               desc=f"{job.method} on {job.dataset.name}" + (f" ×{job.repeats}" if job.repeats > 1 else ""))
+               desc=f"{job.preset} on {job.dataset.name}" + (f" ×{job.repeats}" if job.repeats > 1 else ""))
     for repeat in range(job.repeats):
         m.new_repeat()
         if job.batch_size > 1:  # each method over every sample, batched; which goes first alternates by repeat
@@ -90,9 +91,9 @@ def execute(job: Job) -> Any:
 
     rows = load_results([job.folder, *writer.legacy_files])
     summary = summarize(rows, baseline_method=BASELINE)
-    print(format_table(summary))
+    print(format_summary(summary_frame(rows), legend=not in_multirun()))  # a sweep's own table ends with it
     _print_stores(rows, {n: c.get("datastore_fingerprint") for n, c in m.columns.items()})
-    print(f"results: {job.folder}")
+    print(f"results: {job.folder}", file=sys.stderr)
     summary.attrs.update(results=str(job.folder), new_generations=n_gen - n_done, generations=n_gen)
     return summary
 

@@ -4,7 +4,8 @@
 ``index.html`` carries everything but the figures (its data as JSON inside the page, the script and styles
 inline); the figures are PNG files beside it. It shows
 
-* **tables**: every paper table and the extra ones (Spec-Bench's leaderboard layout, memory scopes, the
+* **tables**: the summary of every run under the folder (each preset against its own job's baseline: a
+  user's own sweep as much as the paper's experiments), then every paper table and the extra ones (Spec-Bench's leaderboard layout, memory scopes, the
   batch sweep) that have rows, built by the report's own builders, so each cell is the report's: ours with
   its 95% interval, the published figure and their ratio. One row per model × preset (× temperature, …),
   one column per dataset × metric; sortable by any column and filtered by model, method, dataset and
@@ -77,12 +78,20 @@ def table_view(name: str, title: str, data: pd.DataFrame, notes: list[str]) -> d
 
 def build_tables(results: Path, paper_dir: Any = None, spec_bench_dir: Any = None,
                  compare: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    from specbench.results.summary import LEGEND, summary_frame
     from specbench.tables.report import BUILDERS, EXTRA_TABLES, SOURCES, TABLES, load_experiment
+    from specbench.tables.summary import long_form, published_lookup
 
     paper = load_paper(paper_dir, required=paper_dir is not None)
     paper["spec_bench"] = load_leaderboard(spec_bench_dir)
     frames: dict[str, pd.DataFrame] = {}
     views = []
+    summary = summary_frame(load_results(results, quiet=True), published_lookup(paper))
+    if not summary.empty:  # every run under the folder, whatever its experiment: a user's own sweep too
+        view = table_view("summary", "Summary: every preset against its own job's baseline", long_form(summary),
+                          [f"{k}: {v}" for k, v in LEGEND.items()])
+        if view is not None:
+            views.append(view)
     for name in (*TABLES, *EXTRA_TABLES):
         source = SOURCES[name]
         if source not in frames:
@@ -97,9 +106,14 @@ def build_tables(results: Path, paper_dir: Any = None, spec_bench_dir: Any = Non
 
 
 def build_figures(results: Path, out: Path) -> list[dict[str, str]]:
+    from specbench.results.summary import summary_frame
     from specbench.tables.report import FIGURE_BUILDERS, SOURCES, load_experiment
+    from specbench.tables.summary import summary_figure
 
     figures = []
+    summary = summary_frame(load_results(results, quiet=True))
+    if not summary.empty:
+        figures.append({"name": "summary", "file": f"figures/{summary_figure(summary, out / 'figures')[0].name}"})
     for name, builder in FIGURE_BUILDERS.items():
         rows = load_experiment(results, SOURCES[name])
         if rows.empty:

@@ -140,6 +140,13 @@ def test_smoke_experiment_runs_and_reports(smoke, tmp_path, request):
     df = load_results(tmp_path / "results" / name)
     assert len(df) and df["preset"].notna().all() and (df["preset"] != "").all()
     assert {"preset", "attn_implementation", "device"} <= set(df.columns)
+    # the sweep ends with every preset side by side on stdout, its legend under it; logs go to stderr
+    final = out.stdout.rsplit("\n\n| preset", 1)[-1]
+    assert all(f"| {p} " in final for p in set(df["preset"])), out.stdout[-3000:]
+    assert "- speedup: " in final and "make summary RESULTS=" in final
+    assert "[HYDRA]" not in out.stdout and "][INFO]" not in out.stdout
+    folders = {p.name.split("__")[1] for p in (tmp_path / "results" / name).iterdir()}  # named by their presets
+    assert set(df[df["method"] != "autoregressive"]["preset"]) <= folders <= set(df["preset"]), folders
     outputs = [o for o, src in report.SOURCES.items() if src == name]
     if outputs:
         report.write_report(outputs, tmp_path / "results", tmp_path / "report", paper_dir=None)

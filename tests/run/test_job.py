@@ -114,3 +114,17 @@ def test_a_paper_preset_on_a_laptop_says_what_it_runs(tmp_path, monkeypatch, cap
     for quiet in (("method=spectra_core-cpu",), ("method=spectra_core", "budget=auto"), ("method=pld",)):
         plan(cfg_for(tmp_path, *quiet))
         assert "GPU budget" not in capsys.readouterr().err, quiet
+
+
+def test_the_run_folder_is_named_by_preset_and_an_earlier_method_named_one_is_resumed(tmp_path):
+    """The folder carries the preset as tables and the progress bar name it (a budget's ``:auto`` too); a run an
+    earlier version recorded under the method's name is found and resumed where it is, not started again."""
+    job = plan(cfg_for(tmp_path, "method=spectra_core-cpu", "budget=auto", "limit=1", "max_new_tokens=4"))
+    assert job.name.split("__")[1] == job.preset == "spectra_core:auto" and job.folder.name == job.name
+    runner.execute(job)
+    first = load_results(job.folder)
+    legacy = job.folder.with_name(job.legacy_name)
+    job.folder.rename(legacy)
+    again = plan(cfg_for(tmp_path, "method=spectra_core-cpu", "budget=auto", "limit=1", "max_new_tokens=4"))
+    assert again.folder == legacy
+    assert runner.execute(again).attrs["new_generations"] == 0 and len(load_results(legacy)) == len(first)

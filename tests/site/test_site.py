@@ -91,3 +91,55 @@ def test_site_command_and_a_missing_results_folder(results, tmp_path):
     bad = subprocess.run([sys.executable, "-m", "specbench.report", "site", "--results", str(tmp_path / "none")],
                          capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert bad.returncode != 0 and "no results folder" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_the_summary_pairs_each_preset_with_its_own_jobs_baseline(results):
+    """Two jobs, each with its own autoregressive baseline: each preset's speedup is its job's own (the figure
+    the job printed), and a job whose baseline ran slower moves its own preset's speedup alone (a pooled
+    baseline would move both)."""
+    from specbench.results.metrics import summarize
+    from specbench.results.summary import summary_frame
+
+    rows = load_results(results)
+    summary = summary_frame(rows).set_index("preset")
+    jobs = sorted((results / "table1").iterdir())
+    assert len(jobs) == 2
+    for job in jobs:
+        own = summarize(load_results(job)).set_index("preset")
+        preset = next(p for p in own.index if p != "autoregressive")
+        assert summary.loc[preset, "speedup"] == pytest.approx(own.loc[preset, "speedup"])
+        assert job.name.split("__")[1] == preset  # the folder carries the preset's name
+    slow = rows.copy()
+    second = slow["config_hash"] == slow[slow["preset"] == "pld"]["config_hash"].iloc[0]
+    slow.loc[second & (slow["method"] == "autoregressive"), "wall_s"] *= 2
+    moved = summary_frame(slow).set_index("preset")
+    other = next(p for p in summary.index if p not in ("pld", "autoregressive"))
+    assert moved.loc["pld", "speedup"] == pytest.approx(2 * summary.loc["pld", "speedup"])
+    assert moved.loc[other, "speedup"] == pytest.approx(summary.loc[other, "speedup"])
+    pooled = summarize(slow).set_index("preset")
+    assert pooled.loc[other, "speedup"] != pytest.approx(summary.loc[other, "speedup"])
+
+
+def test_the_site_and_the_summary_command_show_every_preset_of_any_folder(results, tmp_path, capsys):
+    """A folder of the user's own runs: the site's first table is the summary, a row per preset with speedup, τ
+    and tokens/s and their intervals, the summary figure beside it; the command writes summary.md/.csv/.png."""
+    from specbench.cli import report as cli
+
+    data = site_data(write_site(results, tmp_path / "site"))
+    summary = data["tables"][0]
+    assert summary["name"] == "summary"
+    rows = {r["keys"]["preset"]: r["cells"] for r in summary["rows"]}
+    assert {"pld", "autoregressive"} <= set(rows) and len(rows) == 3
+    pld = rows["pld"]
+    assert {"mtbench speedup", "mtbench τ", "mtbench tokens/s"} <= set(pld)
+    for metric in ("speedup", "τ", "tokens/s"):
+        cell = pld[f"mtbench {metric}"]
+        assert cell["ours"] is not None and cell["lo"] <= cell["ours"] <= cell["hi"], (metric, cell)
+    assert any(f["name"] == "summary" and (tmp_path / "site" / f["file"]).stat().st_size > 1000
+               for f in data["figures"])
+    cli.main(["summary", "--results", str(results), "--out", str(tmp_path / "out")])
+    printed = capsys.readouterr().out
+    assert "| pld " in printed and "- speedup: " in printed
+    assert {p.name for p in (tmp_path / "out").iterdir()} >= {"summary.md", "summary.csv", "summary.png"}
+    csv = pd.read_csv(tmp_path / "out" / "summary.csv")
+    assert set(csv["preset"]) == set(rows) and csv["speedup_lo"].notna().sum() == 2

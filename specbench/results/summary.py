@@ -1,0 +1,123 @@
+"""The summary of any set of results: one row per model × dataset × preset (× temperature, batch size), each
+method's speedup over the baseline of its own job, every figure with its interval, the paper's where it has one.
+
+``python -m specbench.report summary --results DIR`` (``make summary RESULTS=DIR``) writes ``summary.md`` and
+``summary.csv``; a sweep prints the table when it ends; ``make report`` and ``make site`` carry it for every
+results folder. The columns are defined once, in :data:`LEGEND` (printed under the table, and in the README).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import pandas as pd
+
+from specbench.results.metrics import BASELINE, QUALITY_COLUMNS, summarize, with_preset
+from specbench.results.stats import bootstrap_interval
+from specbench.results.table import _fmt, format_interval
+
+KEYS = ("model", "dataset", "preset", "temperature", "batch_size")
+LEGEND = {
+    "prompts": "distinct prompts (samples of the dataset); a multi-turn prompt's turns count once",
+    "gens": "generations recorded: prompts × turns × repeats",
+    "speedup": "(Σ tokens / Σ seconds) of the preset ÷ the same of the autoregressive baseline run in the same "
+               "job on the same prompts; ± spread over repeats, [95% bootstrap interval over prompts]",
+    "vs AR": "faster or slower when that interval lies above or below 1.00, else no measurable change",
+    "τ": "new tokens ÷ target forwards, the prefill counted as one (autoregressive τ = 1.00), [interval]",
+    "acc. length": "1 + accepted guesses per decode step (Spec-Bench's and vLLM's count)",
+    "acc. rate": "accepted guesses ÷ drafted guesses",
+    "tokens/s": "Σ new tokens ÷ Σ wall seconds (prefill included), [interval over prompts]",
+    "Mac-TP": "the paper's throughput: mean over decode steps of tokens ÷ seconds (prefill left out)",
+    "Mic-TP": "Σ tokens ÷ Σ seconds over decode steps (prefill left out)",
+    "greedy match": "at temperature 0, the share of generations equal to the baseline's token for token",
+    "draft ms/step": "the drafter's own milliseconds per decode step (proposing and updating)",
+    "paper": "the SPECTRA paper's speedup and τ for this model, method, dataset and temperature (Table 1)",
+    "quality": "rouge1, rouge2, rougeL (summaries), accuracy (GSM8K), pass (code): means over generations",
+}
+COLUMNS = tuple(k for k in LEGEND if k != "quality")
+
+
+def _rate(g: pd.DataFrame) -> tuple[float, float, float]:
+    """Σ tokens / Σ wall seconds of the rows, and its bootstrap interval over prompts."""
+    seconds = float(g["wall_s"].sum())
+    rate = float(g["new_tokens"].sum()) / seconds if seconds > 0 else math.nan
+    per = g.groupby("sample_id", sort=False)[["new_tokens", "wall_s"]].sum()
+    lo, hi = bootstrap_interval({"t": per["new_tokens"], "s": per["wall_s"]}, lambda t, s: t / s)
+    return rate, lo, hi
+
+
+def summary_frame(df: pd.DataFrame, published: Callable[[dict], tuple[float, float]] | None = None) -> pd.DataFrame:
+    """:func:`specbench.results.metrics.summarize` of ``df`` with each preset paired with its own job's baseline
+    (same ``config_hash``), cut to the summary's rows and figures; ``published``: a row's (model, method,
+    dataset, temperature) → the paper's (speedup, τ), NaN where it has none (the ``paper`` column)."""
+    if df.empty:
+        return pd.DataFrame()
+    df = with_preset(df)
+    same_job = "config_hash" in df.columns
+    full = summarize(df, same_job=same_job)
+    keys = [k for k in KEYS if k in full.columns]
+    rates = {}
+    for key, g in df.assign(batch_size=df["batch_size"].fillna(1).astype(int) if "batch_size" in df else 1
+                            ).groupby(keys, dropna=False, sort=False):
+        rates[key if isinstance(key, tuple) else (key,)] = _rate(g)
+    rows = []
+    for _, r in full.iterrows():
+        key = tuple(r[k] for k in keys)
+        rate, lo, hi = rates.get(key, (math.nan, math.nan, math.nan))
+        row = {k: r[k] for k in keys}
+        row.update(method=r["method"], prompts=int(r["n_prompts"]), gens=int(r["n_samples"]),
+                   speedup=r["speedup"], speedup_lo=r["speedup_lo"], speedup_hi=r["speedup_hi"],
+                   speedup_std=r["speedup_std"], verdict=r["verdict"] if r["method"] != BASELINE else "",
+                   tau=r["tau"], tau_lo=r["tau_lo"], tau_hi=r["tau_hi"], tau_std=r.get("tau_std", math.nan),
+                   acceptance_length=r["acceptance_length"], acceptance_rate=r["acceptance_rate"],
+                   tokens_per_s=rate, tokens_per_s_lo=lo, tokens_per_s_hi=hi, mac_tp=r["mac_tp"],
+                   mic_tp=r["mic_tp"], greedy_match=r["greedy_match"], draft_ms_per_step=r["overhead_ms_per_step"])
+        row.update({c: r[c] for c in QUALITY_COLUMNS if c in r})
+        row["paper_speedup"], row["paper_tau"] = published(row) if published else (math.nan, math.nan)
+        rows.append(row)
+    out = pd.DataFrame(rows)
+    return out.sort_values([k for k in ("model", "dataset", "temperature", "batch_size") if k in out.columns]
+                           + ["speedup"], ascending=[True] * (len(keys) - 1) + [False], kind="stable",
+                           ignore_index=True)
+
+
+def format_summary(summary: pd.DataFrame, legend: bool = True) -> str:
+    """The summary as a Markdown table (key columns shown when they vary), with :data:`LEGEND` under it."""
+    if summary.empty:
+        return "(no results)"
+    varying = [k for k in ("model", "dataset", "temperature", "batch_size")
+               if k in summary.columns and summary[k].astype(str).nunique() > 1]
+    paper = summary["paper_speedup"].notna().any()
+    quality = [c for c in QUALITY_COLUMNS if c in summary.columns and summary[c].notna().any()]
+    header = [*varying, "preset", *[c for c in COLUMNS if c != "paper" or paper], *quality]
+    lines = []
+    for _, r in summary.iterrows():
+        cells = [str(r[k]) for k in varying] + [
+            str(r["preset"]), str(r["prompts"]), str(r["gens"]),
+            format_interval(r["speedup"], r["speedup_lo"], r["speedup_hi"], r["speedup_std"], suffix="×"),
+            str(r["verdict"] or "—"),
+            format_interval(r["tau"], r["tau_lo"], r["tau_hi"], r["tau_std"]),
+            _fmt(r["acceptance_length"], ".2f"), _fmt(r["acceptance_rate"], ".0%"),
+            format_interval(r["tokens_per_s"], r["tokens_per_s_lo"], r["tokens_per_s_hi"], spec=".1f"),
+            _fmt(r["mac_tp"], ".1f"), _fmt(r["mic_tp"], ".1f"),
+            _fmt(r["greedy_match"], ".0%"), _fmt(r["draft_ms_per_step"], ".2f"),
+        ]
+        if paper:
+            cells.append("—" if np.isnan(r["paper_speedup"]) else f"{r['paper_speedup']:.2f}× τ {r['paper_tau']:.2f}")
+        cells += [_fmt(r[c], ".3f") for c in quality]
+        lines.append(cells)
+    widths = [max(len(h), *(len(row[i]) for row in lines)) for i, h in enumerate(header)]
+
+    def render(cells: list[str]) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
+
+    text = "\n".join([render(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(render, lines)])
+    named = [h for h in header if h in LEGEND] + (["quality"] if quality else [])
+    return text + ("\n\n" + format_legend(named) if legend else "")
+
+
+def format_legend(columns: list[str] | None = None) -> str:
+    """One line per column: what it counts."""
+    return "\n".join(f"- {c}: {LEGEND[c]}" for c in (columns or COLUMNS))
