@@ -40,7 +40,7 @@ same forward as the guesses. Each step:
    reading of "coverage" that is consistent with both. The rule reads S_fwd
    as it was before this step's updates.
 
-   How much each reading costs in τ is measured in bench/README.md ("Coverage readings").
+   How much each reading costs in τ is measured in docs/measurements/methods.md ("coverage readings").
 
 4. Every completed sequence c_0..c_{N-1} updates both dictionaries (with or
    without sub-n-grams), then every sequence shifts left by one.

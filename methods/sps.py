@@ -24,7 +24,7 @@ Which draft, ``draft_model``:
   ``self_first_layers`` layers plus its final norm and LM head, or the target
   without ``self_skip_layers`` (used when ``self_first_layers`` is null).
   The default skips layers 12-15 of SmolLM2's 30, the best layer choice measured on SmolLM2
-  (bench/README.md, "Self-draft layers"); other models need their own measurement.
+  (docs/measurements/methods.md, "self-draft layers"); other models need their own measurement.
 
 Drafts are chains (never trees of i.i.d. siblings); ``k`` is capped by the
 tokens the generation may still take.
