@@ -15,7 +15,7 @@ STAMP       := $(VENV)/.specbench-installed
 PYTEST      := $(PY) -m pytest -p no:cacheprovider
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo smoke smoke-experiments test test-slow test-data slurm-test summary site site-test docs test-all gpu-check gpu-bundle lint bench bench-stores bench-heads bench-retrieval clean train-acceptance-head train-eagle-head \
+.PHONY: help setup demo smoke smoke-experiments test test-slow test-data slurm-test summary site site-test docs test-all gpu-check gpu-bundle gpu-rehearsal lint bench bench-stores bench-heads bench-retrieval clean train-acceptance-head train-eagle-head \
         datastore datastore-refine memory_scopes batch_sweep spec_bench table1 table2 table3 table4 table5 table6 table7 figures report reproduce-cpu
 
 # Paper reproduction. Sweeps write <RESULTS>/<experiment>/; reports go to <REPORTS>/ (Markdown, LaTeX,
@@ -104,6 +104,21 @@ gpu-check: setup ## the GPU paths checked on this machine's CUDA GPU (random-wei
 
 gpu-bundle: setup ## the wheels a GPU machine without network lacks, for ./gpu_check.sh there (GPU_PY=3.12: its Python)
 	$(PY) -m specbench.cli.gpu_bundle --python $(GPU_PY) --out .gpu-bundle
+
+# A rehearsal of a lent GPU machine's software on this CPU: its Python, its transformers, none of the bundled
+# packages, no network. The venv is kept outside the repository (a first set-up downloads torch, ~3 min).
+REHEARSAL_PY   ?= python3.12
+REHEARSAL_TF   ?= 5.17.0
+REHEARSAL_VENV ?= $(HOME)/.cache/specbench/gpu-rehearsal-$(REHEARSAL_TF)
+gpu-rehearsal: setup ## ./gpu_check.sh --device cpu --tiny as a lent GPU machine runs it (Python 3.12, transformers 5.17, offline): reports/gpu-rehearsal/
+	@$(REHEARSAL_PY) -c "import sys" 2>/dev/null || { echo "gpu-rehearsal needs $(REHEARSAL_PY), the GPU machine's Python (or REHEARSAL_PY=python3.x)"; exit 2; }
+	test -x $(REHEARSAL_VENV)/bin/python || { $(REHEARSAL_PY) -m venv $(REHEARSAL_VENV) && \
+	  $(REHEARSAL_VENV)/bin/pip install -q --disable-pip-version-check "$(TORCH_SPEC)" "transformers==$(REHEARSAL_TF)" \
+	  accelerate numpy pandas pyarrow matplotlib safetensors tokenizers; }
+	$(PY) -m specbench.cli.gpu_bundle --python $$($(REHEARSAL_VENV)/bin/python -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")') --out $(REPORTS)/gpu-rehearsal-bundle
+	PYTHON=$(REHEARSAL_VENV)/bin/python GPU_BUNDLE=$(abspath $(REPORTS))/gpu-rehearsal-bundle \
+	  $$(unshare -n true 2>/dev/null && echo unshare -n) bash gpu_check.sh --device cpu --tiny --layers 2 --speed-layers 2 \
+	  --tokens 16 --speed-tokens 16 --long-context 160 --out $(REPORTS)/gpu-rehearsal
 
 docs: setup ## the documentation site, built offline and strictly (a broken link or page fails it): reports/docs-site/index.html
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
