@@ -82,7 +82,7 @@ from specbench.budget.costs import CostModel
 from specbench.budget.worth import DraftWorth, widths
 from specbench.core.draft import Draft
 
-BUDGETS = ("fixed", "auto")
+BUDGETS = ("fixed", "auto", "replay")  # replay: a recorded auto run's decisions (specbench.budget.replay)
 MAX_RANK = 4  # sibling ranks counted apart: 0, 1, 2, 3, and 4 or more
 DRY = "/dry"  # suffix of a source fed by aux nodes, counted apart in the steps that went without them
 MIN_WARM = 4  # aux steps before the warm-up may end early
@@ -321,6 +321,7 @@ class AutoBudget:
     def settle(self, draft: Draft, tokens: list[int], width: int, keep: list[int]) -> Draft:
         """The step verifies ``draft``'s guesses ``keep`` (parents first) and its first ``width`` aux columns."""
         full = draft.aux_width
+        self.last_plan = (list(keep), width)  # what the step verifies, for the record (specbench.budget.replay)
         if len(draft):
             self._pending.append((draft, len(tokens), () if width or not full else self.aux_feeds))
         self.kept.append(len(keep))

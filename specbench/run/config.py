@@ -225,6 +225,12 @@ def method_params(cfg: DictConfig) -> dict[str, Any]:
     return params
 
 
+def drafting_budget(cfg: DictConfig) -> str:
+    """The budget a method's settings are resolved under: a replay drafts as the auto run it replays."""
+    budget = effective_budget(cfg)
+    return "auto" if budget == "replay" else budget
+
+
 def effective_budget(cfg: DictConfig) -> str:
     """``budget`` when set on the command line or in the config, else the method preset's, else fixed."""
     budget = cfg.get("budget")
@@ -245,7 +251,7 @@ def validate(cfg: DictConfig) -> dict[str, Any]:
     except ValueError as err:
         raise ConfigError(str(err)) from None
     try:
-        method_cfg = build_method_config(cfg.method.name, method_params(cfg), effective_budget(cfg))
+        method_cfg = build_method_config(cfg.method.name, method_params(cfg), drafting_budget(cfg))
     except UnknownNameError:
         raise
     except (TypeError, ValueError) as err:
@@ -265,11 +271,23 @@ def _check_budget(cfg: DictConfig) -> None:
     budget = effective_budget(cfg)
     if budget not in BUDGETS:
         raise ConfigError(f"budget must be one of {', '.join(BUDGETS)}, got {budget!r}")
-    if budget == "auto" and not get_method(cfg.method.name).budget_auto:
+    if budget in ("auto", "replay") and not get_method(cfg.method.name).budget_auto:
         raise ConfigError(
-            f"budget=auto trims the drafts of tree methods; {cfg.method.name} sets its own draft length: "
+            f"budget={budget} trims the drafts of tree methods; {cfg.method.name} sets its own draft length: "
             "use budget=fixed"
         )
+    if budget == "replay":
+        if not cfg.get("replay"):
+            raise ConfigError("budget=replay re-applies a recorded budget=auto run's decisions: name its results "
+                              "folder with replay=<folder>")
+        if batch_size(cfg) > 1:
+            raise ConfigError("budget=replay replays generations decoded one at a time: use batch_size=1")
+        from pathlib import Path
+
+        if not Path(str(cfg.replay)).expanduser().exists():
+            raise ConfigError(f"replay={cfg.replay}: no such folder: point it at the results of a budget=auto run")
+    elif cfg.get("replay"):
+        raise ConfigError(f"replay={cfg.replay} is read by budget=replay only (the budget here is {budget})")
 
 
 def batch_size(cfg: DictConfig) -> int:

@@ -39,7 +39,7 @@ class Job:
     method: str  # the registered method's name
     preset: str  # the label rows carry (``lookahead-cpu``, ``spectra_core-cpu:auto``)
     method_config: Any  # the method's filled, validated settings
-    budget: str  # "auto" (the planner trims each draft) or "fixed"
+    budget: str  # "auto" (the planner trims each draft), "replay" (a recorded auto run's decisions) or "fixed"
     baseline: bool  # also measure autoregressive decoding on the same prompts
     dataset: datasets_.DatasetDef
     dataset_cfg: DictConfig
@@ -57,6 +57,7 @@ class Job:
     experiment: str
     config_hash: str
     results_dir: str
+    replay: str | None = None  # budget=replay: the recorded run's results folder
 
     @property
     def methods(self) -> list[str]:
@@ -150,7 +151,7 @@ def plan(cfg: DictConfig) -> Job:
     _warn_device_fit(cfg)
     return Job(
         method=method,
-        preset=preset_name(cfg) + (":auto" if budget == "auto" else ""),
+        preset=preset_name(cfg) + (f":{budget}" if budget in ("auto", "replay") else ""),
         method_config=checked["method"],
         budget=budget,
         baseline=bool(cfg.baseline),
@@ -170,6 +171,7 @@ def plan(cfg: DictConfig) -> Job:
         experiment=str(cfg.experiment_name),
         config_hash=hash_config(cfg),
         results_dir=str(cfg.results_dir),
+        replay=str(cfg.replay) if cfg.get("replay") else None,
     )
 
 
@@ -180,7 +182,7 @@ def _warn_device_fit(cfg: DictConfig) -> None:
         print(f"warning: method={preset} is sized for a CPU; on this GPU the paper's budget is "
               f"method={preset.removesuffix('-cpu')}", file=sys.stderr)
     cpu_twin = CONF_DIR / "method" / f"{preset}-cpu.yaml"
-    if device == "cpu" and cpu_twin.is_file() and effective_budget(cfg) != "auto":
+    if device == "cpu" and cpu_twin.is_file() and effective_budget(cfg) not in ("auto", "replay"):
         print(f"note: method={preset} runs the paper's GPU budget (blocks of up to ~120 tokens a forward), which "
               f"a CPU pays for nearly token by token: method={preset}-cpu or budget=auto sizes it for this CPU",
               file=sys.stderr)

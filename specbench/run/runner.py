@@ -148,6 +148,13 @@ class Measurement:
         }
         self.calibration = None  # drafting's cost measured in the warm-up (budget=auto)
         self.budgets = self._new_budgets()
+        self.replayed: dict[tuple, list] = {}
+        if job.budget == "replay":  # the recorded run's plans, its first turns checked before any decoding
+            from specbench.budget.replay import recorded_plans
+
+            self.replayed = recorded_plans(job.replay, job.method, [(s.sample_id, 0, r) for r in range(job.repeats)
+                                                                   for s in job.samples])
+            self.columns[job.method].update(budget="replay", replayed_from=str(job.replay))
 
     def _new_budgets(self) -> dict[str, Any]:
         """budget=auto: one trimmer for the method (the baseline drafts nothing), fresh statistics; at batch
@@ -164,10 +171,26 @@ class Measurement:
         self.plan_rows = BatchBudget(self.cost, aux_feeds=feeds, calibration=calibration)
         return {self.job.method: self.plan_rows.planner()}
 
-    def generate(self, name: str, ids: list[int], max_new: int, generator: torch.Generator) -> Any:
-        return generate(self.target, self.drafters[name], ids, max_new_tokens=max_new,
-                        sampling=self.job.sampling, eos_token_ids=self.loaded.eos_token_ids,
-                        generator=generator, planner=self.budgets.get(name))
+    def generate(self, name: str, ids: list[int], max_new: int, generator: torch.Generator,
+                 key: tuple | None = None) -> Any:
+        """One generation; ``key`` (sample_id, turn, repeat) for a recorded one: under budget=auto its plans go
+        on the record (``rec.step_plans``), under budget=replay the recorded ones are made again."""
+        from specbench.budget.replay import Recorder, Replay
+
+        planner = self.budgets.get(name)
+        if key is not None and name == self.job.method and planner is not None and self.job.batch_size == 1:
+            planner = Recorder(planner)
+        if key is not None and name == self.job.method and self.job.budget == "replay":
+            plans = self.replayed.get(key)
+            if plans is None:
+                raise ConfigError(f"replay={self.job.replay}: sample {key[0]}, turn {key[1]}, repeat {key[2]} was "
+                                  "not recorded there: replay the recorded run's limit, offset and repeats")
+            planner = Replay(plans, f"sample {key[0]}, turn {key[1]}, repeat {key[2]}")
+        rec = generate(self.target, self.drafters[name], ids, max_new_tokens=max_new,
+                       sampling=self.job.sampling, eos_token_ids=self.loaded.eos_token_ids,
+                       generator=generator, planner=planner)
+        rec.step_plans = getattr(planner, "plans", None) if isinstance(planner, Recorder) else None
+        return rec
 
     def warm_up(self) -> None:
         """``warmup`` short generations (batches at batch_size > 1) per method on the first prompt: nothing
@@ -204,7 +227,8 @@ class Measurement:
                 continue
             t0 = time.perf_counter()
             self.target.reset_peak_memory()
-            rec = self.generate(name, ids, self.max_new(ids), self.generator(sample.sample_id, turn, repeat))
+            rec = self.generate(name, ids, self.max_new(ids), self.generator(sample.sample_id, turn, repeat),
+                                key=(sample.sample_id, turn, repeat))
             answers.append(self.write(name, sample, turn, repeat, rec, self.target.peak_memory_gb()))
             bar.set_postfix(method=name, tok_s=f"{rec.new_tokens / max(time.perf_counter() - t0, 1e-9):.1f}")
             bar.update(1)
@@ -240,6 +264,9 @@ class Measurement:
         category = sample.meta.get("category")
         extra = {**job.dataset.score(sample, text, turn, job.dataset_cfg), **self.columns[name],
                  "peak_memory_gb": peak, **({"category": category} if category else {})}
+        if getattr(rec, "step_plans", None) is not None:  # budget=auto: each step's plan, for budget=replay
+            extra["step_plans"] = json.dumps(rec.step_plans, separators=(",", ":"))
+            extra["budget_calibration"] = json.dumps(self.calibration)
         row = make_row(rec, context={**self.context, "method": name, "preset": job.preset_of(name),
                                      "method_params": self.params[name]},
                        sample_id=sample.sample_id, turn=turn, repeat=repeat, output_text=text, extra=extra)
