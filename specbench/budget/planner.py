@@ -278,7 +278,10 @@ class AutoBudget:
 
     def plan(self, draft: Draft, tokens: list[int]) -> Draft:
         """The part of ``draft`` to verify after ``tokens`` (the sequence so far, its root last)."""
-        width, keep, _ = self.choose(draft, tokens)
+        width, keep, scores = self.choose(draft, tokens)  # and what it expects of the step, logged (replay.py)
+        drafting = self.worth.predicted_seconds(self._drafted_depth, self.width_cap) if not self._capped else 0.0
+        self.last_prediction = (1.0 + sum(scores[i] for i in keep) if scores else 1.0,
+                                self.cost(1 + aux_count(draft, width) + len(keep), self._context) + drafting)
         return self.settle(draft, tokens, width, keep)
 
     def choose(self, draft: Draft, tokens: list[int]) -> tuple[int, list[int], list[float]]:

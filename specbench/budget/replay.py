@@ -4,8 +4,9 @@
 A step's plan is what the planner told the drafter before it proposed (``depth``: the deepest guess worth
 drafting, 0 for none, None for the method's own; ``top_k``: the widest tree, None for the method's own) and
 what it kept of the proposal (``n``: the guesses proposed; ``keep``: those verified, null for all of them;
-``aux``: the auxiliary columns sent), with
-``why`` the planner's reason (warm-up, chosen, explored, plain …). Re-applied step by step to the same drafter
+``aux``: the auxiliary columns sent), with ``why`` the planner's reason (warm-up, chosen, explored, plain …)
+and what it expected of the step (``pred_tokens``; ``pred_s``, the modelled forward and drafting) beside what
+the row measured (``step_tokens``, ``step_times``). Re-applied step by step to the same drafter
 on the same prompt, the same drafts are proposed and verified, so a replay yields the recorded tokens, steps
 and τ exactly, greedy or sampled (the sampling streams are consumed by the same drafts), on any machine: the
 clock that drove the recorded decisions plays no part.
@@ -52,8 +53,11 @@ class Recorder:
         worth = getattr(self.planner, "worth", None)
         why = worth.why[-1] if worth is not None and worth.why else ""
         whole = len(keep) == len(draft)  # every guess kept: recorded as null (most steps on a flat curve)
+        expected = getattr(self.planner, "last_prediction", None)
         self.plans.append({**{"depth": None, "top_k": None}, **self._step, "n": len(draft),
-                           "keep": None if whole else list(keep), "aux": int(width), "why": why})
+                           "keep": None if whole else list(keep), "aux": int(width), "why": why,
+                           **({"pred_tokens": round(expected[0], 4), "pred_s": round(expected[1], 6)}
+                              if expected else {})})
         self._step = {}
         return planned
 

@@ -183,6 +183,10 @@ class DraftWorth:
         base = s_mean - per_level * d_mean if vd > 1e-9 else 0.0
         return lambda d, w=None: max(base + per_level * d, 0.0)
 
+    def predicted_seconds(self, depth: int, width: int | None = None) -> float:
+        """The drafter's modelled seconds for a draft of ``depth`` at top-k ``width`` (0 before any measurement)."""
+        return self._drafting_seconds()(depth, width) if self._points and depth else 0.0
+
     def calibration(self) -> tuple[list[float], int, int, int] | None:
         """The drafting cost measured so far, for :meth:`calibrate`: the line's means, its steps, the deepest
         depth and the widest top-k drafted (None before any drafting step)."""
