@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specbench.results import metrics, stats, table
+from specbench.results import metrics, stats
+from specbench.results.summary import format_summary, summary_frame
 
 
 def row(
@@ -241,7 +242,7 @@ def test_repeats_pair_by_repeat_and_give_a_spread():
     # both prompts have the same ratio in every repeat: the bootstrap over prompts has no width
     assert s["speedup_lo"] == pytest.approx(2.5) and s["speedup_hi"] == pytest.approx(2.5)
     assert s["verdict"] == "faster"
-    assert "2.50× ±0.50 [2.50, 2.50]" in table.format_table(metrics.summarize(pd.DataFrame(rows)))
+    assert "2.50× ±0.50 [2.50, 2.50]" in format_summary(summary_frame(pd.DataFrame(rows)))
 
 
 def test_bootstrap_interval_over_prompts_and_its_verdict():
@@ -261,15 +262,16 @@ def test_bootstrap_interval_over_prompts_and_its_verdict():
     assert whi - wlo > hi - lo
 
 
-def test_format_table(df):
-    text = table.format_table(metrics.summarize(df))
-    lines = text.splitlines()
+def test_format_summary(df):
+    text = format_summary(summary_frame(df))
+    lines = text.split("\n\n")[0].splitlines()
     assert len(lines) == 4
     assert "preset" in lines[0] and "τ" in lines[0] and "Mac-TP" in lines[0] and "rouge1" in lines[0]
     pld = next(ln for ln in lines if "pld" in ln)
     assert "2.00×" in pld and "50%" in pld and "1.88" in pld and "7.00" in pld
     assert len({len(ln) for ln in lines}) == 1  # fixed width
-    assert table.format_table(pd.DataFrame()) == "(no results)"
+    assert "- speedup: " in text and "- quality: " in text  # the legend, every column it shows
+    assert format_summary(pd.DataFrame()) == "(no results)"
 
 
 def test_presets_of_one_method_never_merge(df):
@@ -280,7 +282,7 @@ def test_presets_of_one_method_never_merge(df):
     s = metrics.summarize(both)
     assert sorted(s["preset"]) == ["autoregressive", "pld", "pld-cpu"]
     assert s.set_index("preset").loc["pld-cpu", "speedup"] == pytest.approx(2.0 / 2)
-    text = table.format_table(s)
+    text = format_summary(summary_frame(both), legend=False)
     assert "pld-cpu" in text and len(text.splitlines()) == 5
 
 
