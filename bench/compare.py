@@ -32,7 +32,8 @@ run would check it (it must exist; its prompts must not overlap the evaluated
 ones). ``<preset>:auto`` runs the preset with ``budget=auto`` (its drafts trimmed under this
 machine's measured cost curve, printed first; ``--flat-cost`` plans with a GPU-like flat curve
 instead, ``--plan-dtype bfloat16`` with bf16's curve: in an fp32 run, whose outputs all equal the
-autoregressive ones, the model column then compares budgets under bf16 costs on the same texts).
+autoregressive ones, the model column then compares budgets under bf16 costs on the same texts);
+``<preset>:static`` plans from the warm-up's drafting table, frozen (``budget=static``).
 ``<preset>:norefine`` reads the unrefined store; ``<preset>:random`` reads the refined store's
 control, as many pieces drawn at random from the same subset (``python -m specbench.datastore
 refine --select random``), so that refinement is compared at a matched store size. The lookup time per
@@ -97,9 +98,9 @@ def preset(name: str, run_cfg=None, store: str | None = None):
         if not eq:
             raise SystemExit(f"{name}: fields are given as ,key=value")
         cfg[key] = yaml.safe_load(value)
-    if variant not in ("", "norefine", "random", "auto", "fixed"):
-        raise SystemExit(f"{name}: the variants are <preset>:norefine, :random, :auto and :fixed")
-    budget = variant if variant in ("auto", "fixed") else preset_budget or "fixed"
+    if variant not in ("", "norefine", "random", "auto", "static", "fixed"):
+        raise SystemExit(f"{name}: the variants are <preset>:norefine, :random, :auto, :static and :fixed")
+    budget = variant if variant in ("auto", "static", "fixed") else preset_budget or "fixed"
     if cfg.get("datastore") and store:  # presets without a store (sam_decoding) keep none
         cfg["datastore"] = store
     if variant in ("norefine", "random"):
@@ -201,8 +202,9 @@ def bench(loaded, prompts, presets: list[str], max_new: int, run_cfg=None, store
         drafters[name] = get_method(method)(
             cfg, vocab_size=loaded.vocab_size, seed=0, tokenizer=loaded.tokenizer, context=context
         )
-        if budget == "auto":
-            budgets[name] = AutoBudget(cost, aux_feeds=get_method(method).AUX_FEEDS)
+        if budget in ("auto", "static"):  # the warm-up's planner measures what drafting costs, as a run's does
+            budgets[name] = AutoBudget(cost, aux_feeds=get_method(method).AUX_FEEDS, static=budget == "static",
+                                       calibrating=True)
         if getattr(cfg, "_store_path", None):
             print(f"  {name} reads {store_facts(cfg._store_path)}")
 
@@ -222,11 +224,14 @@ def bench(loaded, prompts, presets: list[str], max_new: int, run_cfg=None, store
     for name in names:  # warm-up, not recorded
         once(name, prompts[0], 16, 0)
     tallies = {name: Tally() for name in names}
+    tables = {}  # the drafting tables the warm-up measured
     for rep in range(repeats):  # each repeat replicates the run: drafters and budgets start empty
         for drafter in drafters.values():  # as a run does: the warm-up teaches run-long memory nothing
             drafter.reset()
-        for name, b in budgets.items():  # the warm-up's drafting cost is kept: a calibration, as a run does
-            budgets[name] = AutoBudget(cost, aux_feeds=b.aux_feeds, calibration=b.calibration or b.worth.calibration())
+        for name, b in budgets.items():  # the warm-up's drafting table is kept, as a run keeps it
+            tables.setdefault(name, b.drafting)
+            budgets[name] = AutoBudget(cost, aux_feeds=b.aux_feeds, drafting=tables[name].copy(frozen=b.static),
+                                       static=b.static)
         for i, ids in enumerate(prompts):
             shift = (i + rep) % len(names)
             order = names[shift:] + names[:shift]

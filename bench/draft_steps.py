@@ -1,8 +1,7 @@
 """Where a preset's drafting time goes under ``budget=auto``: its decode steps grouped by what let them draft.
 
-Each step is counted under the planner's reason (``specbench.budget.worth.WHY``): the warm-up, a depth and
-top-k chosen because drafting pays, a narrower top-k on trial, the periodic full tree, an exploration while
-drafting was judged not to pay, or a plain step. Per group: steps, drafting milliseconds a step (the
+Each step is counted under the planner's reason (``specbench.budget.planner.WHY``): the first draft, an option
+chosen because it pays, an exploration of the method's own draft, or a plain step. Per group: steps, drafting milliseconds a step (the
 drafter's propose, the plan and its update, as ``step_draft_s`` counts them), tokens a step; then the regret
 drafting ran up against the allowance. The planner is warmed and calibrated as ``compare.py`` does; the
 prompts run one after another with one planner, as a run does; autoregressive decoding runs beside each
@@ -24,8 +23,7 @@ from prompts import dataset_prompts  # bench/ is on sys.path when a script here 
 
 from methods.registry import get_method
 from specbench.budget.costs import load_or_measure
-from specbench.budget.planner import AutoBudget
-from specbench.budget.worth import WHY
+from specbench.budget.planner import WHY, AutoBudget
 from specbench.core.acceptance import SamplingParams
 from specbench.core.decode import generate
 from specbench.core.draft import DrafterContext
@@ -62,18 +60,18 @@ def main() -> None:
     plain = get_method("autoregressive")(None, vocab_size=loaded.vocab_size)
     target, eos, feeds = Target(loaded.model), loaded.eos_token_ids, get_method(method).AUX_FEEDS
 
-    warm = AutoBudget(cost, aux_feeds=feeds)  # warm-up, not counted: it calibrates drafting's cost
+    warm = AutoBudget(cost, aux_feeds=feeds, calibrating=True)  # warm-up, not counted: drafting's cost
     generate(target, drafter, prompts[0], max_new_tokens=16, eos_token_ids=eos, planner=warm)
     generate(target, plain, prompts[0], max_new_tokens=16, eos_token_ids=eos)
     drafter.reset()
-    planner = AutoBudget(cost, aux_feeds=feeds, calibration=warm.worth.calibration())
+    planner = AutoBudget(cost, aux_feeds=feeds, drafting=warm.drafting)
     groups: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0])  # steps, drafting seconds, tokens
     seconds = {"method": 0.0, "autoregressive": 0.0}
     print(f"machine: {environment_info('cpu')['device_name']}; {args.model} {args.dtype}; {args.method} under "
           f"budget=auto on {len(prompts)} {args.dataset} prompts, up to {args.max_new_tokens} new tokens")
     for ids in prompts:
         drafter.begin_sample()
-        seen = len(planner.worth.why)
+        seen = len(planner.why)
         start = time.perf_counter()
         rec = generate(target, drafter, ids, max_new_tokens=args.max_new_tokens, eos_token_ids=eos, planner=planner)
         seconds["method"] += time.perf_counter() - start
@@ -82,7 +80,7 @@ def main() -> None:
         seconds["autoregressive"] += time.perf_counter() - start
         if rec.output_ids != ref.output_ids:
             raise SystemExit(f"{args.method}: output differs from autoregressive decoding")
-        for why, draft_s, tokens in zip(planner.worth.why[seen:], rec.step_draft_s[1:], rec.step_tokens[1:],
+        for why, draft_s, tokens in zip(planner.why[seen:], rec.step_draft_s[1:], rec.step_tokens[1:],
                                         strict=True):
             group = groups[why]
             group[0] += 1
@@ -93,7 +91,7 @@ def main() -> None:
         if why in groups:
             n, s, k = groups[why]
             print(f"{why:12} {n:6d} {s / n * 1e3:17.2f} {k / n:12.2f}")
-    print(f"regret {planner.worth.regret:.2f} plain steps against an allowance of {planner.allowance():.2f} "
+    print(f"regret {planner.regret:.2f} plain steps against an allowance of {planner.allowance():.2f} "
           f"(of {planner.elapsed:.0f} modelled plain steps); time ratio autoregressive / method "
           f"{seconds['autoregressive'] / seconds['method']:.3f} (one pass: see compare.py for speedups)")
 

@@ -96,10 +96,12 @@ class Spectra(ScopedMemory, StoreDrafter):
         lookup = perf_counter() - t0
         return seqs + found, sources + [SOURCE_RETRIEVAL] * len(found), lookup
 
-    def propose(self, state: DecodeState) -> Draft:
+    def propose(self, state: DecodeState) -> Draft | None:
+        if state.max_depth < 1:  # budget=auto: nothing worth drafting (the context is learned when it drafts again)
+            return None
         self.engine.learn_context(state.tokens)
         seqs, sources, lookup = self.guesses(state)
-        draft = Draft.from_sequences(seqs, sources)
+        draft = Draft.from_sequences(seqs, sources).cut(state.max_depth)
         draft.lookup_s = lookup
         return self.engine.attach_pool(draft)
 

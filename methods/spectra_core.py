@@ -103,9 +103,11 @@ class SpectraCore(ScopedMemory, Drafter):
         """The step's guess sequences and their sources, in priority order, at most G."""
         return self.engine.guesses(tokens)
 
-    def propose(self, state: DecodeState) -> Draft:
+    def propose(self, state: DecodeState) -> Draft | None:
+        if state.max_depth < 1:  # budget=auto: nothing worth drafting (the context is learned when it drafts again)
+            return None
         self.engine.learn_context(state.tokens)
-        return self.engine.attach_pool(Draft.from_sequences(*self.engine.guesses(state.tokens)))
+        return self.engine.attach_pool(Draft.from_sequences(*self.engine.guesses(state.tokens)).cut(state.max_depth))
 
     def update(self, result: VerifyResult) -> None:
         self.engine.update(result.aux_logits)

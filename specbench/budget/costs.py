@@ -1,33 +1,12 @@
-"""What one verification forward costs on this machine: t(q, context) for the model in use.
+"""What one verification forward costs on this machine: t(q, context[, batch]) for the model in use.
 
-A tree method's step sends ``q`` tokens (the root, the guesses, the auxiliary
-nodes) after a context of ``c`` tokens. On a GPU at batch 1, q = 120 costs
-about what q = 1 does; on a CPU the cost grows with q, and in half precision
-without native kernels it grows steeply. ``budget=auto`` (:mod:`specbench.budget.planner`)
-sizes each step's block from this curve.
-
-:func:`measure` times what a step's verification costs: ``Target.forward_draft``
-(a tree block through the custom mask, every row's logits) and the cache's
-compaction to an accepted path of up to three guesses, for a few block sizes at a
-few context lengths (to 1,024 tokens on a CPU, to 4,096 on a GPU, within the
-model's context), after a warm-up, every device synchronised around each step. It
-keeps the fastest of a few repeats (other work on the machine only ever adds
-time) and then makes each row non-decreasing in q (pool adjacent violators: a
-block never costs less than a smaller one). :class:`CostModel` interpolates
-linearly in q and in c, and extends the last slopes beyond the largest q and c
-measured. Curves are cached per machine, software, model, dtype, attention
-implementation and placement (quantization, GPUs used, CUDA version) under
-``$SPECBENCH_CACHE/costs/``; runs store the curve they used in their provenance.
-
-At batch size B > 1 (:func:`measure_batch`) a step is one forward of B rows, each
-padded to the longest block: t(q, context, B) is timed with every row a block of q
-tokens after ``context`` (``Target.forward_rows``, then every row compacted), for
-batch sizes 2, 4, … up to the run's, block sizes up to a total of
-:data:`BATCH_TOKENS` tokens a forward (the curve extends its last slope beyond). A
-batch size between two measured ones is interpolated linearly; the curves join the
-cached file as the runs ask for them.
-
-``python -m specbench.costs`` prints the curve (:mod:`specbench.cli.costs`).
+:func:`measure` times a step's verification (``Target.forward_draft``: a block of q tokens through the tree
+mask, every row's logits; then the cache compacted to an accepted path of three guesses) for block sizes
+:data:`QS` after a few context lengths, every device synchronised, the fastest of a few repeats, each row made
+non-decreasing in q (pool adjacent violators). :func:`measure_batch` does the same for B rows a forward
+(``Target.forward_rows``). :class:`CostModel` interpolates linearly in q, context and batch size, extending
+the last slopes. Curves are cached per machine, software, model, dtype, attention and placement under
+``$SPECBENCH_CACHE/costs/``; runs store the curve they used. ``python -m specbench.costs`` prints it.
 """
 
 from __future__ import annotations
@@ -104,11 +83,6 @@ class CostModel:
         lo, hi = points[i], points[i + 1]
         t_lo, t_hi = self(q, context, lo), self(q, context, hi)
         return max(t_lo + (t_hi - t_lo) * (batch - lo) / (hi - lo), 1e-9)
-
-    def relative(self, context: float = 0) -> list[float]:
-        """t(q) / t(1) at each measured q: the price of a block in single steps."""
-        one = self(1, context)
-        return [self(q, context) / one for q in self.qs]
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)

@@ -1,199 +1,85 @@
-"""``budget=auto``: each step's block trimmed to what pays on this machine.
+"""``budget=auto`` and ``budget=static``: each step drafts and verifies what pays on this machine.
 
-Every tree method proposes its preset's draft; the core then keeps the part
-that maximises expected tokens per second under the measured cost curve
-(:class:`specbench.budget.costs.CostModel`), before the forward. Nothing here touches
-the acceptance rule, so outputs are unchanged: a smaller draft is still a draft.
+One rule decides every step: among drafting nothing and the drafter's options, take the one with the best
+expected tokens per second, (1 + expected accepted) / (forward seconds + drafting seconds), the forward priced
+by the measured cost curve t(q, context) (:mod:`specbench.budget.costs`), the drafting by
+:mod:`specbench.budget.drafting` (a step that drafts nothing pays the stopped drafter's seconds). Nothing here
+touches the acceptance rule, so outputs are unchanged: a smaller draft is still a draft. The rule is applied
 
-* **Expected tokens.** A guess's chance of being accepted is estimated from running counts by (source, depth,
-  rank among its siblings, 0-3 and "4 or more"): a drafter's first guess at a depth is right far more often
-  than its fifteenth. Sparse keys lean on coarser ones: the rate of (source, depth, rank) is shrunk toward
-  that of (source, depth), that toward the source's, and that toward 1/4 (each by the weight of ``prior``
-  guesses), so a key never seen starts at what its source does elsewhere. The counts cover every guess the
-  drafter proposed, kept or trimmed: once the output has grown past a guess's depth, the guess counts as
-  accepted when its path equals the output that followed its root. For a greedy target that is exactly
-  acceptance; when sampling, a deterministic guess is accepted with the probability that the target samples
-  it, which is the probability it matches the output: the same rate. So trimming never starves the statistics.
-  A guess never scores above its parent (it cannot be accepted without it); a node that several sources
-  proposed takes the best of their rates. Summed over the kept guesses this is the expected number accepted
-  (siblings' rates are averages over siblings, so they add up to at most one per depth on average).
-* **The trim.** Guesses sorted by score (parents first) are kept while the step's expected tokens per second,
-  (1 + Σ kept scores) / t(1 + aux + kept), grows: the best prefix of that order is kept, as many nodes as
-  maximise it.
-* **Auxiliary nodes** (Lookahead's window, SPECTRA's candidate pool) propose
-  nothing themselves; they feed the sources in the drafter's ``AUX_FEEDS``,
-  so their worth shows only over many steps. It is measured: the tokens per
-  (modelled) second of the steps that sent them, a running mean over about 32
-  such steps. It is compared with the steady state without them, in which the
-  sources they feed run dry: guesses of a step that went without them are
-  counted under ``<source>/dry``, whose rate starts at 0 (a fed source brings
-  nothing unfed until its own dry steps show otherwise: with ``context_ngrams``
-  SPECTRA's dictionaries still learn from the output). When the second pays
-  better the step goes without them, and the dry guesses that still pay go.
-* **Drafting's own time.** Whether, and how deep, the drafter drafts is decided before each proposal, its own
-  measured seconds counted, from a calibration (:mod:`specbench.budget.worth`, :meth:`AutoBudget.cap`).
-* **Warm-up.** The aux nodes are sent while their worth is measured, until it
-  has spent ``warm`` (16) plain steps' worth of (modelled) time on them: a
-  pool that adds a fifth of a step is measured over ~80 steps, long enough for
-  Lookahead's window and SPECTRA's dictionaries to fill and pay (a shorter
-  warm-up can judge a pool before it pays and leave it out for good: bench/README.md),
-  one that adds a whole step over ~16. From the ``MIN_WARM``-th step on the warm-up
-  also ends as soon as the measured worth falls short of the dry rate by more than
-  1/√(steps so far), so a pool that clearly costs more than it brings goes after ~5 steps.
-* **The pool's width.** A drafter whose aux nodes are independent columns
-  (SPECTRA's W pool sequences, ``Draft.aux_columns``) may send its first w.
-  Whenever the pool on trial is judged not to pay (so at every step that
-  would go without it, against that step's dry rate), the widest narrower
-  width of W, W/2, … 1 (halved, rounded up) that should pay goes on trial
-  instead, for what is left of the warm-up's time and at least ``MIN_WARM``
-  steps: one whose block, with the guesses that pay beside it, would beat the
-  rate without the pool if it brought the wider pool's tokens above one a
-  step scaled by √(w / wider) (fewer columns feed less, but overlap less).
-  Only when none should is the pool left out. Narrowing is for the run: a width
-  never grows back. Lookahead's window shifts as a whole: its aux nodes go
-  all or none. So on a machine where the pool costs more than it brings,
-  CORE falls back to what its dictionaries learn without it, and on a flat
-  (GPU-like) curve everything is kept.
-* **Exploration.** The decision to leave auxiliary nodes out rests on a few
-  measured steps, and the text and the context length change; so after
-  ``explore_every`` steps without them one step sends them anyway, at the
-  width last on trial (its worth joins the running mean), and the wait
-  doubles after each such step until a step sends them by choice again (a
-  fixed schedule: no randomness enters decoding; over a long run the
-  exploration costs less and less).
-* **Bounded regret.** What the aux nodes cost beyond what they bring is
-  counted: each step that sent them adds its time less the time the step
-  without them would have taken for the tokens it brought (at that step's
-  rate without them, so a step where they paid counts negative). They are
-  not sent (warm-up, trial, exploration or by choice) while that sum would exceed
-  ``REGRET_SHARE`` (2%) of the run's modelled time plus ``REGRET_FLOOR``
-  plain steps: a pool that never pays costs a run at most that, and one
-  that pays earns room to be explored again.
+* before the drafter proposes, to its options: a depth cap d and, for a tree drafted level by level with a
+  top-k, a top-k w (``DecodeState.depth_cap``, ``width_cap``; a cap of 0: no draft, the drafter skips its
+  work). An option's accepted tokens, guesses verified and aux nodes sent are running means over the steps
+  that drafted it or more: a step drafted to depth 6 shows what depth 3 would have verified and accepted, and
+  of a tree, what a top-k of w drafts too (``Draft.needs``);
+* after the proposal, to what is verified: the best prefix of its guesses ranked by their chance of being
+  accepted, and how many auxiliary columns go with them (Lookahead's window, SPECTRA's pool,
+  ``Draft.aux_columns``: none, all, or the first half, quarter, …).
+
+**Acceptance** is :mod:`specbench.budget.acceptance`'s: each guess's chance, from counts over every guess
+proposed. Aux nodes propose nothing themselves: they feed the sources in the drafter's ``AUX_FEEDS``, whose
+guesses are counted apart by the pool width that fed them; every proposal is weighed at each pool width, so
+the options (depth, top-k, pool width) compare steady states, with the pool and without it.
+
+**Exploration.** Options not taken teach nothing; so after ``EXPLORE_EVERY`` steps that were not the method's
+own draft (its depth, top-k and whole pool), one step is, and the wait doubles each time, back to
+``EXPLORE_EVERY`` when the rule itself takes the method's own draft: exploring costs less and less.
+
+**The allowance is a cap.** The regret, what drafting lost against plain decoding (each drafting step's
+time less the plain time of its tokens, in plain steps; a step that paid counts negative), stays within
+``ALLOWANCE_FLOOR`` plain steps plus ``ALLOWANCE_SHARE`` of the run's time. Every step is checked before it is
+taken: a chosen option by its expected loss (below zero for one that pays; over the allowance, only options
+that pay clearly enough go), a step taken to learn (the first, an exploration) by its worst case (nothing
+accepted, drafting at ``SPIKE`` times its modelled seconds), and what it verifies is cut to what still fits.
+
+Under ``budget=static`` the drafting seconds come from a table stored once per machine and preset and the
+regret counts them, not the clock: decisions follow the stored costs and the tokens, the same in every run.
+Under ``budget=auto`` they follow the seconds measured during the run.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import dataclass, field
-
 import numpy as np
 
+from specbench.budget.acceptance import AcceptanceStats, fed, node_scores
 from specbench.budget.costs import CostModel
-from specbench.budget.worth import DraftWorth, widths
+from specbench.budget.drafting import WINDOW, DraftingCost
 from specbench.core.draft import Draft
 
-BUDGETS = ("fixed", "auto", "replay")  # replay: a recorded auto run's decisions (specbench.budget.replay)
-MAX_RANK = 4  # sibling ranks counted apart: 0, 1, 2, 3, and 4 or more
-DRY = "/dry"  # suffix of a source fed by aux nodes, counted apart in the steps that went without them
-MIN_WARM = 4  # aux steps before the warm-up may end early
-REGRET_SHARE = 0.02  # aux steps that do not pay may lose at most this share of the run's (modelled) time …
-REGRET_FLOOR = 1.0  # … plus this many plain steps' worth
+BUDGETS = ("fixed", "auto", "static", "replay")  # replay: a recorded run's decisions (specbench.budget.replay)
+EXPLORE_EVERY = 16  # steps away from the method's own draft before one takes it (then the wait doubles)
+ALLOWANCE_SHARE = 0.01  # the regret stays within this share of the run's modelled time …
+ALLOWANCE_FLOOR = 2.0  # … plus this many plain steps: room for a first draft costing a step, at SPIKE
+SPIKE = 2.0  # an option's worst case counts its drafting at this multiple of the modelled seconds
+WHY = ("first", "chosen", "explored", "plain", "calibrating")  # what decided a step (AutoBudget.why)
 
 
-def positions(draft: Draft) -> list[tuple[int, int]]:
-    """(depth, rank among the node's siblings in draft order, capped at MAX_RANK) of every guess."""
-    depths = draft.depths()
-    children: Counter = Counter()
-    out = []
-    for i, p in enumerate(draft.parents):
-        out.append((depths[i], min(children[p], MAX_RANK)))
-        children[p] += 1
+def widths(full: int) -> list[int]:
+    """The widths chosen from (a pool's columns, a tree's top-k): ``full``, then halved (rounded up) down to 1."""
+    out = [full]
+    while out[-1] > 1:
+        out.append((out[-1] + 1) // 2)
     return out
 
 
-@dataclass
-class AcceptanceStats:
-    """Guesses drafted and accepted by (source, depth, sibling rank), for the whole run; the counts
-    of the coarser keys (source, depth) and (source,) are kept beside them."""
-
-    base_rate: float = 0.25
-    dry_rate: float = 0.0  # the base of a source counted dry: nothing, until its steps without aux show more
-    prior: float = 2.0  # the weight, in guesses, of the coarser key's rate
-    drafted: Counter = field(default_factory=Counter)
-    accepted: Counter = field(default_factory=Counter)
-
-    def rate(self, source: str, depth: int, rank: int = 0) -> float:
-        r = self.dry_rate if source.endswith(DRY) else self.base_rate
-        for key in ((source,), (source, depth), (source, depth, rank)):
-            r = (self.accepted[key] + self.prior * r) / (self.drafted[key] + self.prior)
-        return r
-
-    def _count(self, draft: Draft, i: int, where: tuple[int, int], ok: bool, dry: tuple[str, ...] = ()) -> None:
-        depth, rank = where
-        for s in draft.sources_of(i):
-            s = s + DRY if s in dry else s
-            for key in ((s,), (s, depth), (s, depth, rank)):
-                self.drafted[key] += 1
-                self.accepted[key] += ok
-
-    def observe(self, draft: Draft, accepted_nodes: list[int]) -> None:
-        """Count the guesses of ``draft`` and which were accepted."""
-        accepted = set(accepted_nodes)
-        for i, where in enumerate(positions(draft)):
-            self._count(draft, i, where, i in accepted)
-
-    def observe_output(self, draft: Draft, output: list[int], final: bool = False, dry: tuple[str, ...] = ()) -> bool:
-        """Count the guesses of ``draft`` against ``output``, the tokens that followed its root.
-        Returns False (nothing counted) while the output is shorter than the draft's depth, unless
-        ``final`` (the generation ended): then guesses deeper than the output are left out. Sources
-        in ``dry`` are counted under their ``/dry`` name."""
-        where = positions(draft)
-        if where and max(d for d, _ in where) > len(output) and not final:
-            return False
-        matched: list[bool | None] = []
-        for i, p in enumerate(draft.parents):
-            depth = where[i][0]
-            parent_ok = True if p < 0 else matched[p]
-            if parent_ok is None or (parent_ok and depth > len(output)):
-                matched.append(None)  # not known: the output stopped before this depth
-                continue
-            ok = bool(parent_ok) and draft.tokens[i] == output[depth - 1]
-            matched.append(ok)
-            self._count(draft, i, where[i], ok, dry)
-        return True
-
-
-def node_scores(draft: Draft, stats: AcceptanceStats, dry: tuple[str, ...] = ()) -> list[float]:
-    """Each guess's estimated acceptance probability, never above its parent's; siblings (distinct
-    tokens, at most one of which can follow) share at most their parent's, scaled down together when
-    their rates add up to more (rates never observed start at the prior, and ten guesses at 1/4 each
-    are not 2.5 tokens). Sources in ``dry`` are read under their ``/dry`` name (what they bring while
-    their aux nodes stay home). Parents come before their children in a draft."""
-    where = positions(draft)
-    families: dict[int, list[int]] = {}
-    raw = []
-    for i, p in enumerate(draft.parents):
-        srcs = [s + DRY if s in dry else s for s in draft.sources_of(i)]
-        raw.append(max((stats.rate(s, *where[i]) for s in srcs), default=0.0))
-        families.setdefault(p, []).append(i)
-    scores = [0.0] * len(raw)
-    for p in sorted(families):  # a parent's score is final before its children's
-        share = 1.0 if p < 0 else scores[p]
-        capped = [min(raw[i], share) for i in families[p]]
-        total = sum(capped)
-        scale = share / total if total > share else 1.0
-        for i, c in zip(families[p], capped, strict=True):
-            scores[i] = c * scale
-    return scores
-
-
-def best_prefix(scores: list[float], cost: CostModel, fixed_q: int, context: int) -> tuple[list[int], float]:
-    """The nodes to keep (parents first) and the expected tokens per second of the step."""
+def best_prefix(scores: list[float], cost: CostModel, fixed_q: int, context: int, extra_s: float = 0.0,
+                most_s: float = float("inf")) -> tuple[list[int], float]:
+    """The guesses to keep (parents first) and the step's expected tokens per second, ``fixed_q`` tokens (root,
+    aux nodes) and ``extra_s`` seconds of drafting beside them; the forward takes at most ``most_s``."""
     order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
-    best_k, best_rate, gain = 0, 1.0 / cost(fixed_q, context), 1.0
+    best_k, best_rate, gain = 0, 1.0 / (cost(fixed_q, context) + extra_s), 1.0
     for k, i in enumerate(order, start=1):
-        if scores[i] <= 0:
+        seconds = cost(fixed_q + k, context)
+        if scores[i] <= 0 or seconds > most_s:
             break
         gain += scores[i]
-        rate = gain / cost(fixed_q + k, context)
-        if rate > best_rate:
-            best_k, best_rate = k, rate
+        if gain / (seconds + extra_s) > best_rate:
+            best_k, best_rate = k, gain / (seconds + extra_s)
     return sorted(order[:best_k]), best_rate
 
 
 def subdraft(draft: Draft, keep: list[int], width: int) -> Draft:
-    """``draft`` restricted to the guesses ``keep`` (closed under parents) and to the aux nodes of its
-    first ``width`` columns (0: none; its :attr:`~Draft.aux_width` or more: all of them)."""
+    """``draft`` restricted to the guesses ``keep`` (closed under parents) and the aux nodes of its first
+    ``width`` columns (0: none; its :attr:`~Draft.aux_width` or more: all)."""
     out = draft.keep(keep)
     if width >= draft.aux_width:
         out.aux_tokens, out.aux_positions = draft.aux_tokens, draft.aux_positions
@@ -216,182 +102,217 @@ def aux_count(draft: Draft, width: int) -> int:
     """Aux nodes of ``draft``'s first ``width`` columns."""
     if width <= 0:
         return 0
-    if width >= draft.aux_width:
-        return draft.n_aux
-    return sum(c < width for c in draft.aux_columns)
+    return draft.n_aux if width >= draft.aux_width else sum(c < width for c in draft.aux_columns)
 
 
 class AutoBudget:
-    """Trims drafts under a cost curve; learns acceptance rates from every step it planned."""
+    """Decides each step's draft under a cost curve; learns acceptance from every step it planned.
+    ``static``: drafting priced by ``drafting`` alone, never by the clock; ``calibrating``: a warm-up that
+    drafts at several depths and top-ks to measure what drafting costs (``drafting``), deciding nothing."""
 
-    def __init__(self, cost: CostModel, aux_feeds: tuple[str, ...] = (), explore_every: int = 16,
-                 stats: AcceptanceStats | None = None, warm: float = 16.0, price_drafting: bool = True,
-                 calibration: tuple | None = None) -> None:
-        if explore_every < 0:
-            raise ValueError(f"budget: explore_every must be >= 0, got {explore_every}")
-        self.cost, self.aux_feeds, self.explore_every = cost, tuple(aux_feeds), explore_every
-        self.stats = stats or AcceptanceStats()
-        self.steps = 0
-        self.skipped_aux = 0  # steps that went without their aux nodes since the last exploration
-        self.next_explore = explore_every  # doubles after each exploration, back when aux pays again
-        self.kept: list[int] = []  # guesses kept per step (what `auto` chose)
-        self.proposed: list[int] = []  # guesses the drafter proposed per step
-        self.aux_sent: list[bool] = []
-        self.widths: list[int] = []  # aux columns sent per step (0: none)
-        self.width: int | None = None  # the pool width on trial (None: the whole pool)
-        # whole drafts waiting for their output: with its start, and the sources that ran dry
-        self._pending: list[tuple[Draft, int, tuple[str, ...]]] = []
-        self.warm = warm  # plain steps' worth of time spent on aux nodes before their worth is judged
-        self._warm_spent = 0.0
-        self.regret = 0.0  # plain steps' worth of time the aux steps lost against the steps without them
-        self.elapsed = 0.0  # the run's modelled time so far, in plain steps
-        self._rate_without = 0.0  # this step's rate without aux nodes (0: it has none)
-        self._trial(0)
-        self._context = self._drafted_depth = 0
-        self.worth = DraftWorth(explore_every, price_drafting)  # whether drafting pays, its own time counted
-        self.calibration = calibration  # drafting's cost measured before the run (DraftWorth.calibration)
-        self.worth.calibrate(calibration, lambda q: cost(q, 0))
-        self._capped = False  # this step drafts nothing (worth)
-
-    def _trial(self, min_steps: int) -> None:
-        """Measure the aux nodes' worth afresh (a new width on trial) over at least ``min_steps`` steps;
-        the warm-up's time is shared by every width tried."""
-        self._min_steps = min_steps
-        self.aux_steps = 0
-        self._aux_tokens = self._aux_seconds = 0.0  # running means over the steps that sent aux nodes
+    def __init__(self, cost: CostModel, aux_feeds: tuple[str, ...] = (), drafting: DraftingCost | None = None,
+                 static: bool = False, stats: AcceptanceStats | None = None, calibrating: bool = False) -> None:
+        self.cost, self.aux_feeds, self.static, self.calibrating = cost, tuple(aux_feeds), static, calibrating
+        self.drafting = drafting if drafting is not None else DraftingCost(frozen=static and not calibrating)
+        self.stats = stats if stats is not None else AcceptanceStats()
+        # (depth, top-k, pool width): steps, expected accepted, guesses and aux nodes verified (running means)
+        self.options: dict[tuple[int, int, int], list[float]] = {}
+        self.deepest = self.top_k = self.pool = 0  # the method's own depth, top-k and pool width, as drafted
+        self.regret = self.elapsed = 0.0  # in plain steps' worth of modelled time
+        self.skipped, self.wait = 0, EXPLORE_EVERY
+        self.why: list[str] = []  # per step (WHY)
+        self.widths: list[int] = []  # per step: aux columns sent
+        self.kept: list[int] = []  # per step: guesses verified
+        self.proposed: list[int] = []  # per step: guesses the drafter proposed
+        self._pending: list[tuple[Draft, int, int, int]] = []  # drafts waiting for their output: start, width, pool
+        self._context, self._drafted = 0, (0, 0)
+        self._caps: tuple = (0, None, None)  # this step's depth, top-k and pool width (None: the method's own)
+        self._need = float("inf")  # after a plain decision: the room the best option that did not fit needs
+        self._own: Draft | None = None  # the last proposal of the method's own draft
+        self.last_plan: tuple[list[int], int] = ([], 0)
+        self.last_prediction: tuple[float, float] = (1.0, 0.0)
 
     def spawn(self) -> AutoBudget:
-        """A planner for another request decoded beside this one: its own aux state, the same statistics
-        and cost curve (a batch's rows learn acceptance together)."""
-        return AutoBudget(self.cost, self.aux_feeds, self.explore_every, stats=self.stats, warm=self.warm,
-                          price_drafting=self.worth.enabled, calibration=self.calibration)
+        """A planner for a request decoded beside this one: the same costs and acceptance counts."""
+        return AutoBudget(self.cost, self.aux_feeds, self.drafting, self.static, self.stats, self.calibrating)
+
+    def new_category(self) -> None:
+        """A new dataset category: acceptance is learned afresh (a category's figures never depend on the order)."""
+        self.stats.clear()
+        self.options.clear()
+        self.skipped, self.wait = 0, EXPLORE_EVERY
+
+    def allowance(self) -> float:
+        return ALLOWANCE_FLOOR + ALLOWANCE_SHARE * self.elapsed
+
+    def _fits(self, seconds: float, plain: float) -> bool:
+        """Whether a step of ``seconds`` that brings one token keeps the regret within the allowance."""
+        return self.regret + (seconds - plain) / plain <= self.allowance()
 
     def cap(self) -> int | None:
-        """Before the step's proposal: the deepest guess worth drafting (0: none; None: the method's own)."""
-        self._capped = not self.worth.drafts(self.allowance(), lambda q: self.cost(q, self._context))
-        return 0 if self._capped else self.worth.depth(lambda q: self.cost(q, self._context))
+        """Before the step's proposal: the deepest guess to draft (0: none; None: the method's own)."""
+        self._caps, why = self._calibration_step() if self.calibrating else self._decide()
+        self.why.append(why)
+        return self._caps[0]
 
     @property
     def width_cap(self) -> int | None:
-        """After :meth:`cap`: the widest top-k worth drafting a tree with (None: the method's own)."""
-        return None if self._capped else self.worth.width_cap
+        """After :meth:`cap`: the widest top-k to draft a tree with (None: the method's own)."""
+        return self._caps[1]
+
+    def _decide(self) -> tuple[tuple, str]:
+        t1, own, plain = self.cost(1, self._context), (None, None, None), (0, None, None)
+        if self.why and self.why[-1] == "plain" and self.skipped < self.wait and self.regret + self._need > self.allowance():
+            return plain, "plain"  # nothing learned since, and no more room: plain until the next exploration
+        if not self.options:  # nothing measured: the method's own draft, if drafting it cannot break the cap
+            own_cost = self.drafting(self.deepest or self.drafting.deepest or 1, self.top_k or self.drafting.widest)
+            first = self._fits(t1 + SPIKE * own_cost, t1)
+            return (own, "first") if first else (plain, "plain")
+        best, top, self._need = None, (1.0 / (t1 + self.drafting.stopped),), float("inf")
+        for (d, w, a), (_, accepted, guesses, aux) in self.options.items():
+            seconds = self.cost(1 + aux + guesses, self._context) + self.drafting(d, w)
+            rank = ((1 + accepted) / seconds, a, d, w)  # ties: the wider pool, then the deeper draft
+            if rank > top:
+                loss = (seconds - (1 + accepted) * t1) / t1  # expected: below 0 for an option that pays
+                if self.regret + loss <= self.allowance():
+                    best, top = (d, w, a), rank
+                else:  # it would pay better, but the regret has no room for it yet: the room it needs
+                    self._need = min(self._need, loss)
+        whole = self.options.get((self.deepest, self.top_k, self.pool))
+        if (self.skipped >= self.wait and best != (self.deepest, self.top_k, self.pool) and whole and self._fits(
+                self.cost(1 + whole[2] + whole[3], self._context) + SPIKE * self.drafting(self.deepest, self.top_k), t1)):
+            self.skipped, self.wait = 0, 2 * self.wait
+            return own, "explored"
+        if best is None:
+            return plain, "plain"
+        d, w, a = best
+        return (None if d >= self.deepest else d, None if w >= self.top_k else w, None if a >= self.pool else a), "chosen"
+
+    def _calibration_step(self) -> tuple[tuple, str]:
+        """The warm-up's schedule: the method's own draft first, then no draft, depth 1 and the deepest, at top-k
+        1 and the full one, in turn (what the drafting fit needs)."""
+        narrow = 1 if self.top_k else None
+        cycle = [(None, None, None), (0, None, None), (1, narrow, None), (self.deepest, narrow, None), (1, None, None)]
+        return cycle[len(self.why) % len(cycle) if self.deepest else 0], "calibrating"
 
     def plan(self, draft: Draft, tokens: list[int]) -> Draft:
         """The part of ``draft`` to verify after ``tokens`` (the sequence so far, its root last)."""
-        width, keep, scores = self.choose(draft, tokens)  # and what it expects of the step, logged (replay.py)
-        drafting = self.worth.predicted_seconds(self._drafted_depth, self.width_cap) if not self._capped else 0.0
-        self.last_prediction = (1.0 + sum(scores[i] for i in keep) if scores else 1.0,
-                                self.cost(1 + aux_count(draft, width) + len(keep), self._context) + drafting)
+        width, keep, scores = self.choose(draft, tokens)
+        self.last_prediction = (1.0 + sum(scores[i] for i in keep),
+                                self.cost(1 + aux_count(draft, width) + len(keep), self._context) + self._spent())
         return self.settle(draft, tokens, width, keep)
 
+    def _spent(self) -> float:
+        """The step's drafting seconds as the model prices them."""
+        return self.drafting(*self._drafted) if self._caps[0] != 0 else self.drafting.stopped
+
     def choose(self, draft: Draft, tokens: list[int]) -> tuple[int, list[int], list[float]]:
-        """This step's pool width, the guesses to keep and the scores they were chosen by (what the sources
-        bring without their aux nodes when none are sent); :meth:`settle` closes the step."""
-        self.steps += 1
+        """This step's pool width, the guesses to keep and their scores; :meth:`settle` closes the step. Every
+        pool width is weighed (what its fed sources' guesses would bring), for the options' means; the step
+        sends the width decided before the proposal, or the widest narrower one that fits the allowance."""
         self._resolve(tokens)
-        self.proposed.append(len(draft))
-        self._drafted_depth, context = max(draft.depths(), default=0), len(tokens)
-        self._context = context
-        if self._capped:  # a plain step: whatever a drafter proposed anyway goes unverified
-            self._rate_without = 0.0
-            return 0, [], []
-        scores = node_scores(draft, self.stats)
-        full = draft.aux_width
-        width = min(full, self.width or full)
-        keep, rate = best_prefix(scores, self.cost, 1 + aux_count(draft, width), context)
-        if full:  # steady state without the aux nodes: the sources they feed run dry
-            dry = node_scores(draft, self.stats, dry=self.aux_feeds)
-            dry_keep, rate_without = best_prefix(dry, self.cost, 1, context)
-            measured = self._aux_tokens / self._aux_seconds if self.aux_steps else rate
-            room = self._room(draft, width, len(keep), len(dry_keep), context)
-            if not room or (rate_without > measured and self._judged(measured / rate_without)):
-                narrower = self._narrower(draft, scores, width, rate_without, context, len(dry_keep))
-                if narrower:  # a narrower pool should pay: on trial from now on
-                    self.width = width = narrower
-                    keep, _ = best_prefix(scores, self.cost, 1 + aux_count(draft, width), context)
-                    self._trial(MIN_WARM)
-                else:
-                    self.skipped_aux += 1
-                    if self.explore_every and self.skipped_aux >= self.next_explore and room:
-                        self.skipped_aux, self.next_explore = 0, 2 * self.next_explore  # explore: send them
-                    else:
-                        width, keep, scores = 0, dry_keep, dry  # what was learned still drafts
-            else:
-                self.next_explore = self.explore_every
-        self._rate_without = rate_without if full and width else 0.0
+        self._context = len(tokens)
+        depth, full = max(draft.depths(), default=0), draft.aux_width
+        self._drafted = (depth, draft.tree_width)
+        if self._caps[:2] == (None, None):  # the method's own draft: how deep, wide and large it is
+            self.deepest, self.top_k = max(self.deepest, depth), max(self.top_k, draft.tree_width)
+            self.pool = max(self.pool, full)
+        if self._caps[0] == 0 or self.calibrating:
+            return (0, [], []) if self._caps[0] == 0 else (full, list(range(len(draft))), [0.0] * len(draft))
+        t1, spent = self.cost(1, self._context), self._spent()
+        room = float("inf")  # the most a forced step's forward may take (drafting may reach SPIKE × the model)
+        if self.why[-1] in ("first", "explored"):
+            room = t1 * (1 + self.allowance() - self.regret) - (1 if self.static else SPIKE) * spent
+        per = self._weigh(draft, spent, self._caps[:2])
+        caps = (self._caps[0] or self.deepest, self._caps[1] or self.top_k)
+        self._learn(draft, per, caps)
+        if self._caps[:2] == (None, None) and len(draft):
+            self._own = draft  # the method's own draft, last proposed: what deeper or wider options stand on
+        elif self._own is not None and caps != (self.deepest, self.top_k):  # options past this step's caps: that
+            own = self._weigh(self._own, self.drafting(self.deepest, self.top_k))  # draft at today's rates
+            self._learn(self._own, own, (self.deepest, self.top_k), caps)
+        wanted = full if self._caps[2] is None else min(self._caps[2], full)
+        width = max((w for w in per if w <= wanted and self.cost(per[w][2], self._context) <= room), default=0)
+        keep, scores, fixed = per[width]
+        if self.cost(fixed + len(keep), self._context) > room:  # cut to what still fits the allowance
+            keep = best_prefix(scores, self.cost, fixed, self._context, spent, room)[0]
         return width, keep, scores
 
     def settle(self, draft: Draft, tokens: list[int], width: int, keep: list[int]) -> Draft:
         """The step verifies ``draft``'s guesses ``keep`` (parents first) and its first ``width`` aux columns."""
-        full = draft.aux_width
-        self.last_plan = (list(keep), width)  # what the step verifies, for the record (specbench.budget.replay)
-        if len(draft):
-            self._pending.append((draft, len(tokens), () if width or not full else self.aux_feeds))
-        self.kept.append(len(keep))
-        self.aux_sent.append(bool(width))
+        self.last_plan = (list(keep), width)
+        if len(draft) and self._caps[0] != 0:
+            self._pending.append((draft, len(tokens), width, draft.aux_width))
         self.widths.append(width)
-        if width == full and len(keep) == len(draft):
+        self.kept.append(len(keep))
+        self.proposed.append(len(draft))
+        own = self._caps[:2] == (None, None) and width >= self.pool
+        if own and self.why[-1] == "chosen":
+            self.wait = EXPLORE_EVERY
+        self.skipped = 0 if own else self.skipped + 1
+        if width >= draft.aux_width and len(keep) == len(draft):
             return draft
         return subdraft(draft, keep, width)
 
-    def _room(self, draft: Draft, width: int, kept: int, dry_kept: int, context: int) -> bool:
-        """Whether the regret has room for a step with ``width`` columns and ``kept`` guesses, at most
-        its extra time over the step without them (``dry_kept`` guesses), in plain steps."""
-        extra = self.cost(1 + aux_count(draft, width) + kept, context) - self.cost(1 + dry_kept, context)
-        return self.regret + max(extra / self.cost(1, context), 0.0) <= self.allowance()
-
-    def _narrower(self, draft: Draft, scores: list[float], width: int, rate_without: float, context: int,
-                  dry_kept: int) -> int:
-        """The widest pool narrower than ``width`` that should still pay and that the regret has room
-        for: what ``width`` brought above one token a step, scaled by √(w / width) (a narrower pool
-        feeds its sources less, but its columns overlap less), in the time its block takes with the
-        guesses that pay beside it, against ``rate_without``. 0: none."""
-        gained = self._aux_tokens - 1.0
-        for w in widths(draft.aux_width):
-            if w < width:
-                w_keep, _ = best_prefix(scores, self.cost, 1 + aux_count(draft, w), context)
-                seconds = self.cost(1 + aux_count(draft, w) + len(w_keep), context)
-                if ((1.0 + gained * (w / width) ** 0.5) / seconds > rate_without
-                        and self._room(draft, w, len(w_keep), dry_kept, context)):
-                    return w
-        return 0
-
-    def allowance(self) -> float:
-        """The regret the aux nodes may have spent so far, in plain steps' worth of time."""
-        return REGRET_FLOOR + REGRET_SHARE * self.elapsed
-
-    def _judged(self, ratio: float) -> bool:
-        """Whether the aux nodes' measured worth, ``ratio`` of the rate without them, is known well
-        enough to go without them: once ``warm`` plain steps' worth of time went to them (and this
-        width had ``MIN_WARM`` steps, if it is not the first), or sooner (from ``MIN_WARM`` steps) when
-        it falls short by more than 1/√(aux steps), a tolerance that narrows with the evidence."""
-        k = self.aux_steps
-        return (self._warm_spent >= self.warm and k >= self._min_steps) or (k >= MIN_WARM and ratio < 1 - k**-0.5)
-
     def record(self, draft: Draft, accepted_nodes: list[int], draft_s: float = 0.0) -> None:
-        """The step verified ``draft`` (as planned) and accepted ``accepted_nodes``, after ``draft_s`` seconds
-        of drafting and planning: the run's time, drafting's worth, and the aux nodes' worth and regret."""
-        seconds = self.cost(1 + len(draft) + draft.n_aux, self._context)
-        plain = self.cost(1, self._context)
-        self.elapsed += seconds / plain
-        if not self._capped:
-            self.worth.record(1 + len(accepted_nodes), seconds + draft_s, plain, draft, self._drafted_depth, draft_s,
-                              accepted_nodes)
-        if not draft.n_aux:
-            return
-        if self._rate_without > 0:  # the time the step without them would have taken for these tokens
-            self.regret += (seconds - (1 + len(accepted_nodes)) / self._rate_without) / plain
-        self.aux_steps += 1
-        w = max(1.0 / 32, 1.0 / self.aux_steps)  # a plain mean at first, then a running one
-        self._warm_spent += (seconds - self.cost(1 + len(draft), self._context)) / plain
-        self._aux_tokens += w * (1 + len(accepted_nodes) - self._aux_tokens)
-        self._aux_seconds += w * (seconds - self._aux_seconds)
+        """The step verified ``draft`` (as planned) and accepted ``accepted_nodes`` after ``draft_s`` seconds of
+        drafting and planning: the run's time, the regret and (under ``auto``) drafting's cost."""
+        t1 = self.cost(1, self._context)
+        forward = self.cost(1 + len(draft) + draft.n_aux, self._context)
+        drafted = self._caps[0] != 0
+        if not self.drafting.frozen:
+            self.drafting.observe(self._drafted[0] if drafted else 0, self._drafted[1], draft_s)
+        spent = self._spent() if self.static else draft_s
+        self.elapsed += (forward + spent) / t1
+        if drafted:
+            self.regret += (forward + spent - (1 + len(accepted_nodes)) * t1) / t1
+
+    def _weigh(self, draft: Draft, spent: float, caps: tuple = (None, None)) -> dict[int, tuple]:
+        """Each pool width of ``draft``: the guesses worth verifying beside it (none past ``caps``), their scores,
+        its fixed block."""
+        full, depth = draft.aux_width, max(draft.depths(), default=0)
+        beyond = [d > (caps[0] or depth) or n > (caps[1] or n)  # drafted past its caps
+                  for d, n in zip(draft.depths(), draft.needs or [1] * len(draft), strict=True)]
+        per = {}
+        for width in [0, *widths(full)] if full else [0]:
+            scores = node_scores(draft, self.stats, lambda s, w=width: fed(s, self.aux_feeds, w, full))
+            scores = [0.0 if past else x for x, past in zip(scores, beyond, strict=True)]
+            fixed = 1 + aux_count(draft, width)
+            per[width] = (best_prefix(scores, self.cost, fixed, self._context, spent)[0], scores, fixed)
+        return per
+
+    def _learn(self, draft: Draft, per: dict[int, tuple], caps: tuple, beyond: tuple | None = None) -> None:
+        """What a proposal drafted within ``caps`` (depth, top-k) would verify, and expect to be accepted, at each
+        option: its kept guesses up to depth d, of a tree those a top-k of w drafts too, at each pool width
+        (expectations under the acceptance model). A fresh sample weighs a third, what the means held being old:
+        an exploration's proposal, and past ``beyond`` (the step's own caps) the last proposal of the method's own
+        draft, re-scored at today's rates."""
+        depths = np.asarray(draft.depths(), dtype=int)
+        needs = np.asarray(draft.needs or [1] * len(draft), dtype=int)
+        for a, (keep, scores, _) in per.items():
+            kept, chance = depths[keep], np.asarray(scores, dtype=float)[keep] if keep else np.zeros(0)
+            for w in widths(self.top_k) if self.top_k else [0]:
+                if w > caps[1]:
+                    continue
+                within = needs[keep] <= w if w else np.ones(len(keep), bool)
+                gain = np.cumsum(np.bincount(kept[within], weights=chance[within], minlength=caps[0] + 1))
+                count = np.cumsum(np.bincount(kept[within], minlength=caps[0] + 1))
+                for d in range(1, caps[0] + 1):
+                    if beyond is not None and d <= beyond[0] and w <= beyond[1]:
+                        continue
+                    entry = self.options.setdefault((d, w, a), [0, 0.0, 0.0, 0.0])
+                    fresh = beyond is not None or (self.why[-1] == "explored" and len(draft))
+                    entry[0] = (min(entry[0], 2) if fresh else entry[0]) + 1
+                    v, at = max(1 / WINDOW, 1 / entry[0]), min(d, len(gain) - 1)
+                    for j, x in ((1, gain[at]), (2, count[at]), (3, aux_count(draft, a))):
+                        entry[j] += v * (x - entry[j])
 
     def _resolve(self, tokens: list[int], final: bool = False) -> None:
         waiting = []
-        for draft, start, dry in self._pending:
-            if not self.stats.observe_output(draft, tokens[start:], final, dry):
-                waiting.append((draft, start, dry))
+        for draft, start, width, full in self._pending:
+            if not self.stats.observe_output(draft, tokens[start:], final,
+                                             lambda s, w=width, f=full: fed(s, self.aux_feeds, w, f)):
+                waiting.append((draft, start, width, full))
         self._pending = waiting
 
     def finish(self, tokens: list[int]) -> None:

@@ -50,8 +50,7 @@ class Recorder:
     def plan(self, draft: Draft, tokens: list[int]) -> Draft:
         planned = self.planner.plan(draft, tokens)
         keep, width = getattr(self.planner, "last_plan", (list(range(len(draft))), draft.aux_width))
-        worth = getattr(self.planner, "worth", None)
-        why = worth.why[-1] if worth is not None and worth.why else ""
+        why = (getattr(self.planner, "why", None) or [""])[-1]
         whole = len(keep) == len(draft)  # every guess kept: recorded as null (most steps on a flat curve)
         expected = getattr(self.planner, "last_prediction", None)
         self.plans.append({**{"depth": None, "top_k": None}, **self._step, "n": len(draft),

@@ -226,9 +226,9 @@ def method_params(cfg: DictConfig) -> dict[str, Any]:
 
 
 def drafting_budget(cfg: DictConfig) -> str:
-    """The budget a method's settings are resolved under: a replay drafts as the auto run it replays."""
+    """The budget a method's settings are resolved under: a planned one (static, or a replay) drafts as auto."""
     budget = effective_budget(cfg)
-    return "auto" if budget == "replay" else budget
+    return "auto" if budget in ("replay", "static") else budget
 
 
 def effective_budget(cfg: DictConfig) -> str:
@@ -271,7 +271,7 @@ def _check_budget(cfg: DictConfig) -> None:
     budget = effective_budget(cfg)
     if budget not in BUDGETS:
         raise ConfigError(f"budget must be one of {', '.join(BUDGETS)}, got {budget!r}")
-    if budget in ("auto", "replay") and not get_method(cfg.method.name).budget_auto:
+    if budget in ("auto", "static", "replay") and not get_method(cfg.method.name).budget_auto:
         raise ConfigError(
             f"budget={budget} trims the drafts of tree methods; {cfg.method.name} sets its own draft length: "
             "use budget=fixed"

@@ -133,7 +133,7 @@ def check_budget_auto(target: Target, dtype: str, model_name: str, texts: list[l
             continue
         try:
             got = [generate(target, make(), p, max_new_tokens=new_tokens,
-                            planner=AutoBudget(curve, aux_feeds=cls.AUX_FEEDS, warm=0)).output_ids for p in texts]
+                            planner=AutoBudget(curve, aux_feeds=cls.AUX_FEEDS)).output_ids for p in texts]
         except Exception as err:  # noqa: BLE001
             wrong.append(f"{name} ({type(err).__name__}: {str(err)[:80]})")
             continue

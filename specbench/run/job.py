@@ -39,7 +39,7 @@ class Job:
     method: str  # the registered method's name
     preset: str  # the label rows carry (``lookahead-cpu``, ``spectra_core-cpu:auto``)
     method_config: Any  # the method's filled, validated settings
-    budget: str  # "auto" (the planner trims each draft), "replay" (a recorded auto run's decisions) or "fixed"
+    budget: str  # "auto" / "static" (a planner decides each draft), "replay" (a recorded run's decisions), "fixed"
     baseline: bool  # also measure autoregressive decoding on the same prompts
     dataset: datasets_.DatasetDef
     dataset_cfg: DictConfig
@@ -66,7 +66,8 @@ class Job:
 
     @property
     def auto(self) -> bool:
-        return self.budget == "auto"
+        """Whether a planner decides the drafts (budget=auto or static)."""
+        return self.budget in ("auto", "static")
 
     @property
     def name(self) -> str:
@@ -151,7 +152,7 @@ def plan(cfg: DictConfig) -> Job:
     _warn_device_fit(cfg)
     return Job(
         method=method,
-        preset=preset_name(cfg) + (f":{budget}" if budget in ("auto", "replay") else ""),
+        preset=preset_name(cfg) + (f":{budget}" if budget in ("auto", "static", "replay") else ""),
         method_config=checked["method"],
         budget=budget,
         baseline=bool(cfg.baseline),

@@ -131,7 +131,7 @@ class Measurement:
                                         batch_size=job.batch_size)
         curve = json.dumps(self.cost.to_dict()) if self.cost is not None else ""
         own = {name: name == job.method for name in job.methods}
-        self.columns = {name: {"budget": "auto" if job.auto and own[name] else "fixed",
+        self.columns = {name: {"budget": job.budget if job.auto and own[name] else "fixed",
                                "cost_curve": curve if own[name] else "", **self.drafters[name].provenance()}
                         for name in job.methods}
         self.context = {
@@ -149,6 +149,7 @@ class Measurement:
         self.calibration = None  # drafting's cost measured in the warm-up (budget=auto)
         self.budgets = self._new_budgets()
         self.replayed: dict[tuple, list] = {}
+        self.categories: dict[str, Any] = {}  # the dataset category each method's planner last learned from
         if job.budget == "replay":  # the recorded run's plans, its first turns checked before any decoding
             from specbench.budget.replay import recorded_plans
 
@@ -156,19 +157,23 @@ class Measurement:
                                                                    for s in job.samples])
             self.columns[job.method].update(budget="replay", replayed_from=str(job.replay))
 
-    def _new_budgets(self) -> dict[str, Any]:
-        """budget=auto: one trimmer for the method (the baseline drafts nothing), fresh statistics; at batch
-        size > 1 the first request's, the step planned for all rows by :attr:`plan_rows`."""
+    def _new_budgets(self, calibrating: bool = False) -> dict[str, Any]:
+        """budget=auto or static: one planner for the method (the baseline drafts nothing), fresh statistics; at
+        batch size > 1 the first request's, the step planned for all rows by :attr:`plan_rows`. ``calibrating``:
+        the warm-up's, which measures what drafting costs."""
         self.plan_rows = None
         if not self.job.auto:
             return {}
         from specbench.budget.batch import BatchBudget
         from specbench.budget.planner import AutoBudget
 
-        feeds, calibration = get_method(self.job.method).AUX_FEEDS, self.calibration
+        static = self.job.budget == "static"
+        drafting = None if calibrating or self.calibration is None else self.calibration.copy(frozen=static)
+        kw = {"aux_feeds": get_method(self.job.method).AUX_FEEDS, "drafting": drafting, "static": static,
+              "calibrating": calibrating}
         if self.job.batch_size == 1:
-            return {self.job.method: AutoBudget(self.cost, aux_feeds=feeds, calibration=calibration)}
-        self.plan_rows = BatchBudget(self.cost, aux_feeds=feeds, calibration=calibration)
+            return {self.job.method: AutoBudget(self.cost, **kw)}
+        self.plan_rows = BatchBudget(self.cost, **kw)
         return {self.job.method: self.plan_rows.planner()}
 
     def generate(self, name: str, ids: list[int], max_new: int, generator: torch.Generator,
@@ -194,9 +199,11 @@ class Measurement:
 
     def warm_up(self) -> None:
         """``warmup`` short generations (batches at batch_size > 1) per method on the first prompt: nothing
-        recorded but, under budget=auto, the drafter's cost, the calibration every measured planner starts
-        from (:meth:`specbench.budget.worth.DraftWorth.calibrate`)."""
+        recorded but, under budget=auto or static, what drafting costs at several depths and top-ks, the table
+        every planner of the run starts from (:mod:`specbench.budget.drafting`). budget=static keeps the first
+        table measured for this machine and preset and reads it ever after."""
         warm, tokens = next(iter(self.prompts.values())), min(16, self.job.max_new_tokens)
+        self.budgets = self._new_budgets(calibrating=True)
         for name in self.job.methods:
             for _ in range(self.job.warmup):
                 if self.job.batch_size > 1:
@@ -204,7 +211,25 @@ class Measurement:
                 else:
                     self.generate(name, warm, tokens, self.generator("warmup", 0, 0))
         if self.job.method in self.budgets:
-            self.calibration = self.budgets[self.job.method].worth.calibration()
+            self.calibration = self.budgets[self.job.method].drafting
+            if self.job.budget == "static":
+                self.calibration = self._stored_table(self.calibration)
+
+    def _stored_table(self, measured: Any) -> Any:
+        """budget=static: the drafting table stored for this machine and preset, or ``measured``, stored."""
+        from specbench.budget.costs import cost_path
+        from specbench.budget.drafting import read_table, table_path, write_table
+        from specbench.paths import exclusive
+
+        path = table_path(cost_path(self.cost.key, self.loaded.name, self.loaded.dtype), self.job.preset,
+                          self.params[self.job.method])
+        with exclusive(path):
+            stored = read_table(path)
+            if stored is None:
+                write_table(path, measured)
+                stored = measured.copy(frozen=True)
+        self.columns[self.job.method]["drafting_table"] = str(path)
+        return stored
 
     def generator(self, sample_id: str, turn: int, repeat: int) -> torch.Generator:
         return _generator(self.job.seed, sample_id, turn, repeat)
@@ -218,6 +243,10 @@ class Measurement:
     def measure_sample(self, name: str, sample: datasets_.Sample, repeat: int, bar: Any, done: set) -> None:
         """Every turn of ``sample`` with one method; a turn already recorded gives its text to the next."""
         self.drafters[name].begin_sample()
+        planner, category = self.budgets.get(name), sample.meta.get("category")
+        if planner is not None and category != self.categories.get(name, category):
+            planner.new_category()  # acceptance learned afresh: a category's figures never depend on the order
+        self.categories[name] = category
         answers: list[str] = []
         for turn in range(len(sample.turns)):
             ids = self.next_prompt(name, sample, turn, repeat, answers, bar, done)
@@ -266,7 +295,8 @@ class Measurement:
                  "peak_memory_gb": peak, **({"category": category} if category else {})}
         if getattr(rec, "step_plans", None) is not None:  # budget=auto: each step's plan, for budget=replay
             extra["step_plans"] = json.dumps(rec.step_plans, separators=(",", ":"))
-            extra["budget_calibration"] = json.dumps(self.calibration)
+        if name == job.method and self.calibration is not None:  # the drafting table its planners started from
+            extra["budget_calibration"] = json.dumps(self.calibration.to_dict())
         row = make_row(rec, context={**self.context, "method": name, "preset": job.preset_of(name),
                                      "method_params": self.params[name]},
                        sample_id=sample.sample_id, turn=turn, repeat=repeat, output_text=text, extra=extra)

@@ -9,9 +9,9 @@ import json
 import pytest
 import torch
 
+from specbench.budget import costs
 from specbench.budget.batch import BatchBudget, RowShare, best_block, best_first
 from specbench.budget.costs import CostModel, batch_sizes, load_or_measure, measure_batch
-from specbench.budget.worth import DraftWorth
 from specbench.core.decode import Request, decode_batch, generate
 from specbench.core.draft import Draft, Drafter
 from specbench.core.forward import Target
@@ -111,34 +111,48 @@ def test_planners_spawned_for_a_batch_share_what_they_learn():
     assert other.stats is first.stats and other.cost is first.cost and other is not first
 
 
+class Clock:
+    """The measurements' clock (``costs.perf_counter``), moved on only by the forwards the test times."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_the_batched_curve_is_measured_and_joins_the_cached_one(tiny_llama, tmp_path, monkeypatch):
+    """Each batched forward costs 1 ms per token on the test's clock: the curve holds those times for the blocks
+    timed, extends their slope beyond, and joins the cached curve without re-timing batch size 1."""
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    clock, forward_rows = Clock(), Target.forward_rows
+
+    def timed(self, roots, drafts, cache, *args, **kwargs):
+        clock.now += 0.001 * len(roots) * (1 + len(drafts[0]))
+        return forward_rows(self, roots, drafts, cache, *args, **kwargs)
+
+    monkeypatch.setattr(costs, "perf_counter", clock)
+    monkeypatch.setattr(Target, "forward_rows", timed)
     target = Target(tiny_llama.model)
     m = measure_batch(target, tiny_llama.vocab_size, 3, qs=(1, 4, 8), contexts=(8,), repeats=1, most_tokens=12)
-    assert m.qs == [1, 4, 8] and all(s > 0 for s in m.seconds[0])
-    assert m.seconds[0] == sorted(m.seconds[0])  # q = 8 (24 tokens) extends the timed ones' slope
+    # q = 1 and 4 timed (3 and 12 tokens); q = 8 (24 tokens, over 12) along their slope: 12 + 4 × 3 ms
+    assert m.qs == [1, 4, 8] and m.seconds[0] == pytest.approx([0.003, 0.012, 0.024])
     assert target.new_cache(3).lengths == [0, 0, 0]
     one = load_or_measure(tiny_llama, "tiny-llama", "float32", "sdpa", qs=(1, 4), contexts=(8,), repeats=1)
     assert one.batches == {}
     four = load_or_measure(tiny_llama, "tiny-llama", "float32", "sdpa", qs=(1, 4), contexts=(8,), repeats=1,
                            batch_size=4)
     assert sorted(four.batches) == [2, 4] and four.seconds == one.seconds  # batch 1's curve read, not re-timed
-    assert four(4, 8, 3) > 0
+    assert four.batches[4].seconds[0] == pytest.approx([0.004, 0.016]) and four(4, 8, 3) == pytest.approx(0.012)
     again = load_or_measure(tiny_llama, "tiny-llama", "float32", "sdpa", qs=(1, 2), contexts=(8,), batch_size=2)
     assert again == four  # everything asked for was cached
 
 
 def test_a_batched_job_runs_budget_auto_with_the_outputs_of_batch_one(tmp_path, monkeypatch):
-    """… and at either batch size the measured planners start from the warm-up's drafting cost."""
+    """… and at either batch size the planners start from the drafting table the warm-up measured."""
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
-    calibrated = []
-    calibrate = DraftWorth.calibrate
-    monkeypatch.setattr(DraftWorth, "calibrate", lambda w, m, f: (calibrated.append(m), calibrate(w, m, f))[1])
     run(cfg_for(tmp_path / "b1", "method=spectra_core-cpu", "limit=3"))
-    assert calibrated[0] is None and calibrated[-1] is not None and calibrated[-1][1] > 0  # warm-up, then run
-    calibrated.clear()
     run(cfg_for(tmp_path / "b3", "method=spectra_core-cpu", "limit=3", "batch_size=3"))
-    assert calibrated[0] is None and calibrated[-1] is not None and calibrated[-1][1] > 0
     one, three = load_results(tmp_path / "b1"), load_results(tmp_path / "b3")
     keys = ["sample_id", "turn", "method"]
     merged = three.merge(one, on=keys, suffixes=("", "_b1"))
@@ -147,3 +161,6 @@ def test_a_batched_job_runs_budget_auto_with_the_outputs_of_batch_one(tmp_path, 
     ours = three[three.method == "spectra_core"]
     assert (ours.budget == "auto").all() and (ours.batch_size == 3).all()
     assert sorted(CostModel.from_dict(json.loads(ours.cost_curve.iloc[0])).batches) == [2, 3]
+    for rows in (one, three):
+        table = json.loads(rows[rows.method == "spectra_core"].budget_calibration.iloc[0])
+        assert table["points"] > 0 and table["stops"] > 0  # drafting steps and stopped ones were timed

@@ -31,7 +31,7 @@ def run(case, lm, sampling, store, heads, planner, tokens=24):  # noqa: F811
 def test_a_replay_gives_the_recorded_tokens_and_steps(case, temperature, saved, store, heads):  # noqa: F811
     lm, sampling = saved[2], SamplingParams(temperature=temperature)
     _, cls = maker(case, lm.model, sampling, store, heads)
-    recorder = Recorder(AutoBudget(CURVE, aux_feeds=cls.AUX_FEEDS, warm=2))
+    recorder = Recorder(AutoBudget(CURVE, aux_feeds=cls.AUX_FEEDS))
     recorded = run(case, lm, sampling, store, heads, recorder)
     plans = copy.deepcopy(recorder.plans)
     assert len(plans) == recorded.steps - 1 and all({"depth", "top_k", "n", "keep", "aux", "why"} <= set(p) for p in plans)
@@ -45,7 +45,7 @@ def test_a_replay_gives_the_recorded_tokens_and_steps(case, temperature, saved, 
 
 def test_a_replay_that_meets_another_drafter_says_so(saved, store, heads):  # noqa: F811
     lm, sampling = saved[2], SamplingParams()
-    recorder = Recorder(AutoBudget(CURVE, warm=2))
+    recorder = Recorder(AutoBudget(CURVE))
     run("pld", lm, sampling, store, heads, recorder)
     plans = copy.deepcopy(recorder.plans)
     first = next(p for p in plans if p["keep"] is None or p["keep"])

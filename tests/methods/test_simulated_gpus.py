@@ -179,9 +179,9 @@ def decode(case, lm, sampling, store, heads, sim=None, tokens=TOKENS, extra_read
         propose = drafter.propose
         drafter.propose = lambda state: (torch.ones((), device="cuda:0").item(), propose(state))[1]
     watch = StepTraffic(drafter, sim) if sim is not None else None
-    # drafting's measured time left out of the plan: sampled runs on the CPU and on simulated GPUs (slower hosts)
-    # must make the same decisions to draw the same tokens
-    budget = AutoBudget(GPU_CURVE, aux_feeds=cls.AUX_FEEDS, warm=0, price_drafting=False)
+    # budget=static: decisions from stored costs, never the clock, so sampled runs on the CPU and on simulated
+    # GPUs (slower hosts) make the same decisions and draw the same tokens
+    budget = AutoBudget(GPU_CURVE, aux_feeds=cls.AUX_FEEDS, static=True)
     gen = torch.Generator().manual_seed(7)
     with step_syncs(drafter) if sim is not None else contextlib.nullcontext([]) as counts:
         rec = generate(Target(lm.model), drafter, prompt(lm), max_new_tokens=tokens, sampling=sampling,
@@ -304,7 +304,7 @@ def test_every_method_decoded_in_a_batch_gives_each_request_its_autoregressive_o
     lm = models[gpus]
     with simulated_gpus(gpus, free_memory(saved[1], gpus)) if gpus else contextlib.nullcontext():
         make, cls = maker(case, lm.model, sampling, store, heads)
-        budget = BatchBudget(GPU_BATCH_CURVE, aux_feeds=cls.AUX_FEEDS, warm=0) if gpus else None
+        budget = BatchBudget(GPU_BATCH_CURVE, aux_feeds=cls.AUX_FEEDS) if gpus else None
         queue = batch_requests(lm, make, planner=budget.planner() if budget else None)[::-1]
         got = {req.tag: rec for req, rec in decode_batch(Target(lm.model), lambda: queue.pop() if queue else None,
                                                          batch_size=batch_size, plan_rows=budget)}

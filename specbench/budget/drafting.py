@@ -1,0 +1,99 @@
+"""What a drafter's own work costs a step: seconds against the depth and top-k it drafts, and a stopped step's.
+
+A step's drafting (an EAGLE head's levels, a draft model's chain, a lookup) is modelled as a + b·d + c·d·w
+seconds for depth d and top-k w (w = 0 for a drafter without one), a least-squares fit through the steps
+measured, each weighing as much as the last :data:`WINDOW` together (so the fit follows a machine's drift);
+a step that drafts nothing costs ``stopped`` (the drafter's update and the loop's bookkeeping), priced in the
+plain option. Under ``budget=auto`` the fit starts from the warm-up's measurement and goes on learning from the
+run; under ``budget=static`` it is a table stored once per machine and preset (:func:`table_path`) and never
+changes, so two runs make the same decisions.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+WINDOW = 32  # a measured step weighs 1/32 of the fit once 32 are in: drift is followed within ~32 steps
+
+
+class DraftingCost:
+    """Drafting seconds for (depth, top-k); ``frozen``: a stored table that measurements do not change."""
+
+    def __init__(self, frozen: bool = False) -> None:
+        self.frozen = frozen
+        self.points = 0  # drafting steps in the fit
+        self.deepest = self.widest = 0  # the deepest depth and widest top-k measured
+        self.stopped = 0.0  # seconds of a step that drafted nothing (running mean)
+        self._stops = 0
+        self._xx, self._xy = np.zeros((3, 3)), np.zeros(3)  # weighted means of x xᵀ and x·s, x = (1, d, d·w)
+        self.coef = np.zeros(3)
+
+    def __call__(self, depth: int, width: int | None = None) -> float:
+        if depth <= 0:
+            return self.stopped
+        return max(float(self.coef @ (1.0, depth, depth * (width or 0))), 0.0)
+
+    def observe(self, depth: int, width: int | None, seconds: float) -> None:
+        """A step drafted to ``depth`` at top-k ``width`` (0 or None: none) in ``seconds`` (depth 0: stopped)."""
+        if self.frozen:
+            return
+        if depth <= 0:
+            self._stops += 1
+            self.stopped += max(1 / WINDOW, 1 / self._stops) * (seconds - self.stopped)
+            return
+        self.points += 1
+        self.deepest, self.widest = max(self.deepest, depth), max(self.widest, width or 0)
+        x = np.array([1.0, depth, depth * (width or 0)])
+        v = max(1 / WINDOW, 1 / self.points)
+        self._xx += v * (np.outer(x, x) - self._xx)
+        self._xy += v * (x * seconds - self._xy)
+        # minimum-norm least squares: while only one depth was drafted, its seconds spread over a and b
+        self.coef = np.linalg.lstsq(self._xx, self._xy, rcond=1e-9)[0]
+
+    def copy(self, frozen: bool | None = None) -> DraftingCost:
+        out = DraftingCost.from_dict(self.to_dict())
+        out.frozen = self.frozen if frozen is None else frozen
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"coef": self.coef.tolist(), "stopped": self.stopped, "points": self.points, "stops": self._stops,
+                "deepest": self.deepest, "widest": self.widest, "xx": self._xx.tolist(), "xy": self._xy.tolist()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], frozen: bool = False) -> DraftingCost:
+        out = cls(frozen)
+        out.coef, out.stopped = np.array(d["coef"], dtype=float), float(d["stopped"])
+        out.points, out._stops = int(d.get("points", 0)), int(d.get("stops", 0))
+        out.deepest, out.widest = int(d.get("deepest", 0)), int(d.get("widest", 0))
+        out._xx, out._xy = np.array(d.get("xx", np.zeros((3, 3)))), np.array(d.get("xy", np.zeros(3)))
+        return out
+
+
+def table_path(curve_path: Path, preset: str, params: dict) -> Path:
+    """Where ``budget=static`` keeps a preset's drafting table: beside the cost curve it was measured with, one
+    per preset and settings (a changed setting is another drafter)."""
+    import hashlib
+
+    digest = hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()[:10]
+    return curve_path.with_suffix("") / f"drafting-{preset.replace(':', '_')}-{digest}.json"
+
+
+def read_table(path: Path) -> DraftingCost | None:
+    """The stored table (frozen), or None when there is none or it is unreadable (then measured again)."""
+    try:
+        return DraftingCost.from_dict(json.loads(path.read_text()), frozen=True)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def write_table(path: Path, cost: DraftingCost) -> None:
+    from specbench.paths import private_tmp
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = private_tmp(path)
+    tmp.write_text(json.dumps(cost.to_dict(), indent=1))
+    tmp.replace(path)

@@ -1,0 +1,69 @@
+"""A decode loop without a model, for the planner: drafts whose guesses are right with a set chance, drafting
+seconds from a clock the test sets (drift, spikes), the forward priced by the curve. What the planner decides,
+and what the run lost, can then be asserted exactly, and no test waits on the wall clock."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from specbench.budget.planner import AutoBudget
+from specbench.core.draft import Draft
+
+
+@dataclass
+class Run:
+    steps: int = 0
+    tokens: int = 0
+    caps: list[tuple] = field(default_factory=list)  # per step: (depth, top-k) drafted (0: none)
+    over: list[float] = field(default_factory=list)  # per step: regret less allowance after it
+
+
+def tree(right: list[int], wrong: list[int], width: int, ranks: list[int]) -> Draft:
+    """A tree drafted level by level at top-k ``width``: at level k the right token sits at sibling rank
+    ``ranks[k]`` among ``wrong`` ones (at ``width`` or beyond: not drafted); the right one, else the first, has
+    the next level's children. ``needs``: a guess at rank r needs a top-k of r + 1."""
+    tokens, parents, needs, parent = [], [], [], -1
+    for k, token in enumerate(right):
+        first = len(tokens)
+        for r in range(width):
+            tokens.append(token if r == ranks[k] else -wrong[k] - r)
+            parents.append(parent)
+            needs.append(r + 1)
+        parent = first + (ranks[k] if ranks[k] < width else 0)
+    return Draft(tokens=tokens, parents=parents, sources=["sim"] * len(tokens), tree_width=width, needs=needs)
+
+
+def simulate(planner: AutoBudget, steps: int, accept: float, clock: Callable[[int, int, int], float],
+             depth: int = 5, top_k: int = 0, rank: Callable[[random.Random], int] | None = None,
+             seed: int = 0) -> Run:
+    """``steps`` decode steps. A chain of ``depth`` guesses (capped by the planner), each right with chance
+    ``accept``; or with ``top_k``, a :func:`tree` whose right token sits at the sibling rank ``rank(rng)``
+    draws. ``clock(step, depth, top_k)``: the drafting seconds of a step that drafted to ``depth`` at ``top_k``
+    (0: a stopped step)."""
+    rng, run = random.Random(seed), Run()
+    text = [rng.randrange(1, 10**6) for _ in range(steps * (depth + 1) + 1)]  # what the target decodes
+    pos = 0  # text[:pos + 1] is decoded, the root last
+    for step in range(steps):
+        cap = planner.cap()
+        d = depth if cap is None else min(cap, depth)
+        w = (planner.width_cap or top_k) if top_k and d else 0
+        truth = text[pos + 1 : pos + 1 + d]
+        if top_k:
+            draft = tree(truth, [rng.randrange(10**6, 10**7) for _ in truth], w,
+                         [rank(rng) if rng.random() < accept else top_k for _ in truth])
+        else:
+            draft = Draft.chain([t if rng.random() < accept else -t for t in truth], "sim")
+        planned = planner.plan(draft, text[: pos + 1])
+        path = []
+        for i, (token, parent) in enumerate(zip(planned.tokens, planned.parents, strict=True)):
+            if token == text[pos + 1 + len(path)] and parent == (path[-1] if path else -1):
+                path.append(i)
+        planner.record(planned, path, draft_s=clock(step, d, w))
+        pos += len(path) + 1
+        run.steps, run.tokens = run.steps + 1, run.tokens + len(path) + 1
+        run.caps.append((d, w))
+        run.over.append(planner.regret - planner.allowance())
+    planner.finish(text[: pos + 1])
+    return run

@@ -1,0 +1,150 @@
+"""The decision rule under a clock the test controls (``tests/budget/simulated.py``): drafting that never pays
+stays within the allowance through cost spikes and a 30% drift, drafting that pays drafts, the depth and the
+top-k that pay best are the ones chosen, ``budget=static`` decides alike whatever the clock says, and the
+warm-up's calibration measures what drafting costs. Then ``budget=static`` through the runner."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+
+import pytest
+
+from specbench.budget.costs import CostModel
+from specbench.budget.drafting import DraftingCost, read_table
+from specbench.budget.planner import ALLOWANCE_FLOOR, EXPLORE_EVERY, AutoBudget
+from specbench.results.rows import load_results
+from specbench.run.runner import run
+from tests.budget.simulated import simulate
+from tests.run.test_config import make_cfg
+
+# a CPU-like curve: a plain step 20 ms, each guess verified 0.5-1 ms more
+CPU = CostModel(qs=[1, 2, 4, 8, 16], contexts=[0], seconds=[[0.020, 0.021, 0.023, 0.027, 0.035]])
+
+
+def level_clock(base: float = 0.0002, per_level: float = 0.002, stopped: float = 0.0001, drift: float = 0.0,
+                spikes: int = 0, steps: int = 1):
+    """Drafting seconds: ``base + per_level × depth``, growing by ``drift`` over ``steps`` steps, doubled every
+    ``spikes``-th step; ``stopped`` for a step that drafts nothing."""
+    def clock(step: int, depth: int, top_k: int = 0) -> float:
+        if not depth:
+            return stopped
+        spike = 2.0 if spikes and step % spikes == 0 else 1.0
+        return (base + per_level * depth) * (1 + drift * step / steps) * spike
+    return clock
+
+
+def calibrated(clock, depth=5, top_k=0, static=False, **kw) -> AutoBudget:
+    """A planner starting from the drafting table a warm-up generation measured with ``clock`` (as a run's)."""
+    warm = AutoBudget(CPU, calibrating=True)
+    simulate(warm, 16, 0.5, clock, depth=depth, top_k=top_k, rank=lambda rng: 0)
+    return AutoBudget(CPU, drafting=warm.drafting.copy(frozen=static), static=static, **kw)
+
+
+def test_drafting_that_never_pays_stays_within_the_allowance_through_spikes_and_drift():
+    """Guesses never right; drafting 1 ms + 2 ms a level (half a plain step at depth 5), doubled every 97th step
+    and 30% dearer by the end of 5,000 steps: the regret never exceeds the allowance, the whole draft is
+    explored ever more rarely, and the run loses under 0.5% of its time."""
+    steps = 5000
+    clock = level_clock(base=0.001, drift=0.3, spikes=97, steps=steps)
+    planner = calibrated(clock)
+    result = simulate(planner, steps, 0.0, clock)
+    assert max(result.over) <= 0.0
+    why = Counter(planner.why)
+    assert why["explored"] <= math.log2(steps / EXPLORE_EVERY) + 1 and why["plain"] > 0.99 * steps
+    assert planner.regret < 0.005 * planner.elapsed
+
+
+def test_drafting_that_pays_drafts_nearly_every_step():
+    clock = level_clock()
+    planner = calibrated(clock)
+    result = simulate(planner, 2000, 0.8, clock)
+    assert Counter(planner.why)["plain"] < 0.02 * 2000 and planner.regret < 0
+    assert result.tokens / planner.elapsed > 2.0  # tokens per plain step's worth of modelled time
+
+
+@pytest.mark.parametrize(("accept", "best"), [(0.95, 5), (0.5, 1)])
+def test_the_depth_that_pays_best_is_the_one_drafted(accept, best):
+    """Drafting 4 ms a level against a 20 ms step: guesses right 95% of the time pay to the method's own depth 5;
+    at 50% only the first level pays ((1 + 0.5) / (21 + 4.2) ms beats deeper drafts and plain decoding)."""
+    clock = level_clock(per_level=0.004)
+    planner = calibrated(clock)
+    result = simulate(planner, 1500, accept, clock)
+    depths = Counter(d for d, _ in result.caps[500:])
+    assert depths.most_common(1)[0][0] == best
+
+
+def test_the_narrowest_top_k_that_keeps_the_accepted_path_is_drafted():
+    """A tree at top-k 4 whose right token is always the first sibling, drafting costing 2 ms per level and per
+    top-k: top-k 1 keeps every accepted token at a quarter of the drafting, so it is what the steps draft."""
+    clock = lambda step, d, w: 0.0002 + 0.002 * d * w if d else 0.0001  # noqa: E731
+    planner = calibrated(clock, depth=4, top_k=4)
+    result = simulate(planner, 1500, 0.9, clock, depth=4, top_k=4, rank=lambda rng: 0)
+    assert Counter(w for _, w in result.caps[500:]).most_common(1)[0][0] == 1
+    assert planner.top_k == 4
+
+
+def test_static_decisions_do_not_follow_the_clock():
+    """Two runs under budget=static from one drafting table, their drafting clocks 0.5 ms and 3 ms a level with
+    spikes: the same decisions, step for step. Under budget=auto the same two clocks decide differently."""
+    table = calibrated(level_clock()).drafting.to_dict()
+    runs = {}
+    for static in (True, False):
+        for name, clock in (("fast", level_clock(per_level=0.0005)), ("slow", level_clock(per_level=0.003, spikes=7))):
+            planner = AutoBudget(CPU, drafting=DraftingCost.from_dict(table, frozen=static), static=static)
+            runs[static, name] = (simulate(planner, 800, 0.6, clock).caps, planner.why, planner.kept)
+    assert runs[True, "fast"] == runs[True, "slow"]
+    assert runs[False, "fast"] != runs[False, "slow"]
+
+
+def test_the_warm_up_measures_what_drafting_costs():
+    """A warm-up drafts the method's own draft, no draft, depth 1 and the deepest at top-k 1 and the full one:
+    the fit through them is the clock's own a + b·d + c·d·w, and a stopped step's seconds."""
+    clock = lambda step, d, w: 0.001 + 0.002 * d + 0.0005 * d * w if d else 0.0003  # noqa: E731
+    warm = AutoBudget(CPU, calibrating=True)
+    simulate(warm, 16, 0.5, clock, depth=4, top_k=4, rank=lambda rng: 0)
+    fit = warm.drafting
+    assert fit.coef == pytest.approx([0.001, 0.002, 0.0005], abs=1e-9) and fit.stopped == pytest.approx(0.0003)
+    assert set(warm.why) == {"calibrating"} and warm.elapsed > 16  # it decides nothing, but counts the time
+
+
+def test_auto_follows_a_30_percent_drift_in_drafting_cost():
+    steps = 3000
+    clock = level_clock(drift=0.3, steps=steps)
+    planner = calibrated(clock)
+    simulate(planner, steps, 0.8, clock)
+    assert planner.drafting(5, 0) == pytest.approx(clock(steps, 5), rel=0.05)
+    frozen = calibrated(clock, static=True)
+    simulate(frozen, steps, 0.8, clock)
+    assert frozen.drafting(5, 0) == pytest.approx(clock(0, 5), rel=0.05)  # static: the table, whatever happens
+
+
+def test_an_uncalibrated_first_draft_is_the_only_step_that_can_overrun():
+    """With no table, the first step drafts the method's own draft at a cost nobody knew: 30 plain steps' worth.
+    It overruns the floor; nothing drafts again until the run's allowance covers that."""
+    clock = level_clock(per_level=0.12)
+    planner = AutoBudget(CPU)
+    result = simulate(planner, 400, 0.0, clock)
+    assert result.over[0] > 0 and result.caps[0] == (5, 0) and set(result.caps[1:]) == {(0, 0)}
+    assert ALLOWANCE_FLOOR < planner.regret
+
+
+# ----------------------------------------------------------------------------- budget=static through the runner
+
+
+def test_budget_static_runs_decide_alike_and_share_one_stored_table(tmp_path, monkeypatch):
+    """Two sampled runs of a preset under budget=static on one machine: the first measures and stores the drafting
+    table, the second reads it; their plans, tokens and steps are equal."""
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    base = ("experiment=smoke", "method=spectra_core-cpu", "budget=static", "temperature=1", "progress=false")
+    for name in ("one", "two"):
+        run(make_cfg(*base, f"results_dir={tmp_path / name}"))
+    one, two = (load_results(tmp_path / n) for n in ("one", "two"))
+    mine = [df[df.method == "spectra_core"].sort_values(["sample_id", "turn"]) for df in (one, two)]
+    assert (mine[0].budget == "static").all() and all(p.endswith(":static") for p in mine[0].preset)
+    assert list(mine[0].step_plans) == list(mine[1].step_plans)
+    assert [list(x) for x in mine[0].output_ids] == [list(x) for x in mine[1].output_ids]
+    path = mine[0].drafting_table.iloc[0]
+    assert mine[1].drafting_table.iloc[0] == path and read_table(__import__("pathlib").Path(path)) is not None
+    assert json.loads(mine[0].budget_calibration.iloc[0]) == json.loads(mine[1].budget_calibration.iloc[0])
