@@ -13,51 +13,22 @@ prompt for the time ratio, and every output is checked against it. Run:
 
 from __future__ import annotations
 
-import argparse
 import time
 from collections import defaultdict
 
-from compare import preset  # bench/ is on sys.path when a script here runs
-from omegaconf import OmegaConf
-from prompts import dataset_prompts  # bench/ is on sys.path when a script here runs
+from prompts import one_preset  # bench/ is on sys.path when a script here runs
 
 from methods.registry import get_method
 from specbench.budget.costs import load_or_measure
 from specbench.budget.planner import WHY, AutoBudget
-from specbench.core.acceptance import SamplingParams
 from specbench.core.decode import generate
-from specbench.core.draft import DrafterContext
 from specbench.core.forward import Target
-from specbench.models import load_model
-from specbench.paths import CONF_DIR
 from specbench.provenance import environment_info
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--method", default="eagle-cpu", help="a preset from conf/method/ (run under budget=auto)")
-    ap.add_argument("--dataset", default="mtbench")
-    ap.add_argument("--data", help="a local copy of the dataset")
-    ap.add_argument("--prompts", type=int, default=3)
-    ap.add_argument("--max-new-tokens", type=int, default=128)
-    args = ap.parse_args()
-
-    model_cfg = OmegaConf.load(CONF_DIR / "model" / f"{args.model}.yaml")
-    hardware_cfg = OmegaConf.load(CONF_DIR / "hardware" / "cpu.yaml")
-    loaded = load_model(OmegaConf.merge(model_cfg, {"dtype": args.dtype}), hardware_cfg)
+    args, hardware_cfg, loaded, prompts, method, drafter, plain = one_preset(__doc__.splitlines()[0], "eagle-cpu:auto")
     cost = load_or_measure(loaded, args.model, args.dtype, hardware_cfg.get("attn_implementation", "sdpa"))
-    found = dataset_prompts(args.dataset, loaded.tokenizer, model_cfg, limit=args.prompts, path=args.data)
-    if found is None:
-        raise SystemExit(f"{args.dataset}: not available here: pass --data <path>")
-    prompts = found[1]
-    method, cfg, _ = preset(args.method if ":" in args.method else args.method + ":auto")
-    context = DrafterContext(sampling=SamplingParams(), device=loaded.device, target_model=loaded.model,
-                             target_name=loaded.name)
-    drafter = get_method(method)(cfg, vocab_size=loaded.vocab_size, seed=0, tokenizer=loaded.tokenizer,
-                                 context=context)
-    plain = get_method("autoregressive")(None, vocab_size=loaded.vocab_size)
     target, eos, feeds = Target(loaded.model), loaded.eos_token_ids, get_method(method).AUX_FEEDS
 
     warm = AutoBudget(cost, aux_feeds=feeds, calibrating=True)  # warm-up, not counted: drafting's cost

@@ -31,3 +31,42 @@ def dataset_prompts(name: str, tokenizer, model_cfg, *, limit: int, offset: int 
     samples = select(ddef.load(ds_cfg), limit=limit, offset=offset, shuffle=False, seed=0)
     chat = bool(model_cfg.get("chat", True))
     return ds_cfg, [ddef.build_prompt(tokenizer, s, 0, [], ds_cfg, chat) for s in samples]
+
+
+def one_preset(description: str, method: str, extra=()):
+    """What a script that decodes one preset against autoregressive decoding reads and loads: its arguments
+    (``--model --dtype --method --dataset --data --prompts --max-new-tokens``, and ``extra``: (flag, type,
+    default) triples), the model, the prompts, the preset's drafter and method name, and plain decoding's."""
+    import argparse
+
+    from compare import preset  # bench/ is on sys.path when a script here runs
+
+    from methods.registry import get_method
+    from specbench.core.acceptance import SamplingParams
+    from specbench.core.draft import DrafterContext
+    from specbench.models import load_model
+
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--method", default=method, help="a preset from conf/method/ (<preset>:auto, ,key=value)")
+    ap.add_argument("--dataset", default="mtbench")
+    ap.add_argument("--data", help="a local copy of the dataset")
+    ap.add_argument("--prompts", type=int, default=3)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    for flag, kind, default in extra:
+        ap.add_argument(flag, type=kind, default=default)
+    args = ap.parse_args()
+    model_cfg = OmegaConf.load(CONF_DIR / "model" / f"{args.model}.yaml")
+    hardware_cfg = OmegaConf.load(CONF_DIR / "hardware" / "cpu.yaml")
+    loaded = load_model(OmegaConf.merge(model_cfg, {"dtype": args.dtype}), hardware_cfg)
+    found = dataset_prompts(args.dataset, loaded.tokenizer, model_cfg, limit=args.prompts, path=args.data)
+    if found is None:
+        raise SystemExit(f"{args.dataset}: not available here: pass --data <path>")
+    name, cfg, _ = preset(args.method)
+    context = DrafterContext(sampling=SamplingParams(), device=loaded.device, target_model=loaded.model,
+                             target_name=loaded.name)
+    drafter = get_method(name)(cfg, vocab_size=loaded.vocab_size, seed=0, tokenizer=loaded.tokenizer,
+                               context=context)
+    plain = get_method("autoregressive")(None, vocab_size=loaded.vocab_size)
+    return args, hardware_cfg, loaded, found[1], name, drafter, plain

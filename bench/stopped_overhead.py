@@ -16,25 +16,19 @@ rotates each round). Run:
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
-from compare import preset  # bench/ is on sys.path when a script here runs
-from omegaconf import OmegaConf
-from prompts import dataset_prompts  # bench/ is on sys.path when a script here runs
+from prompts import one_preset  # bench/ is on sys.path when a script here runs
 
 from methods.registry import get_method
 from specbench.budget.costs import load_or_measure
 from specbench.budget.drafting import DraftingCost
 from specbench.budget.planner import AutoBudget
 from specbench.budget.replay import Recorder
-from specbench.core.acceptance import SamplingParams
 from specbench.core.decode import generate
-from specbench.core.draft import Draft, DrafterContext
+from specbench.core.draft import Draft
 from specbench.core.forward import Target
-from specbench.models import load_model
-from specbench.paths import CONF_DIR
 from specbench.provenance import environment_info
 
 
@@ -57,30 +51,8 @@ class Stopped:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--method", default="eagle3-cpu", help="a preset from conf/method/")
-    ap.add_argument("--dataset", default="mtbench")
-    ap.add_argument("--data", help="a local copy of the dataset")
-    ap.add_argument("--prompts", type=int, default=3)
-    ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--rounds", type=int, default=5)
-    args = ap.parse_args()
-
-    model_cfg = OmegaConf.load(CONF_DIR / "model" / f"{args.model}.yaml")
-    hardware_cfg = OmegaConf.load(CONF_DIR / "hardware" / "cpu.yaml")
-    loaded = load_model(OmegaConf.merge(model_cfg, {"dtype": args.dtype}), hardware_cfg)
-    found = dataset_prompts(args.dataset, loaded.tokenizer, model_cfg, limit=args.prompts, path=args.data)
-    if found is None:
-        raise SystemExit(f"{args.dataset}: not available here: pass --data <path>")
-    prompts = found[1]
-    method, cfg, _ = preset(args.method)
-    context = DrafterContext(sampling=SamplingParams(), device=loaded.device, target_model=loaded.model,
-                             target_name=loaded.name)
-    drafter = get_method(method)(cfg, vocab_size=loaded.vocab_size, seed=0, tokenizer=loaded.tokenizer,
-                                 context=context)
-    plain = get_method("autoregressive")(None, vocab_size=loaded.vocab_size)
+    args, hardware_cfg, loaded, prompts, method, drafter, plain = one_preset(
+        __doc__.splitlines()[0], "eagle3-cpu", extra=[("--rounds", int, 5)])
     target, eos = Target(loaded.model), loaded.eos_token_ids
 
     def per_step(d, planner) -> float:

@@ -34,6 +34,17 @@ def private_tmp(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
 
 
+def write_json(path: Path, data) -> None:
+    """``data`` as indented JSON at ``path``, whole or not at all: written to a :func:`private_tmp` name, then
+    replaced onto ``path`` (its folder made)."""
+    import json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = private_tmp(path)
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
+
+
 @contextmanager
 def exclusive(path: Path, on_wait=None):
     """An exclusive lock on ``.<name>.lock`` beside ``path`` (flock: jobs on one machine, or on nodes of a

@@ -300,12 +300,9 @@ def load_or_measure(loaded: Any, model_name: str, dtype: str, attn: str, *, reme
 
 
 def _write_curve(path: Path, model: CostModel) -> None:
-    from specbench.paths import private_tmp
+    from specbench.paths import write_json
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = private_tmp(path)
-    tmp.write_text(json.dumps(model.to_dict(), indent=1))
-    tmp.replace(path)
+    write_json(path, model.to_dict())
 
 
 def _read_curve(path: Path) -> CostModel | None:

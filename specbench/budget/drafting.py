@@ -91,9 +91,6 @@ def read_table(path: Path) -> DraftingCost | None:
 
 
 def write_table(path: Path, cost: DraftingCost) -> None:
-    from specbench.paths import private_tmp
+    from specbench.paths import write_json
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = private_tmp(path)
-    tmp.write_text(json.dumps(cost.to_dict(), indent=1))
-    tmp.replace(path)
+    write_json(path, cost.to_dict())

@@ -20,9 +20,10 @@ proposed. Aux nodes propose nothing themselves: they feed the sources in the dra
 guesses are counted apart by the pool width that fed them; every proposal is weighed at each pool width, so
 the options (depth, top-k, pool width) compare steady states, with the pool and without it.
 
-**Exploration.** Options not taken teach nothing; so after ``EXPLORE_EVERY`` steps that were not the method's
-own draft (its depth, top-k and whole pool), one step is, and the wait doubles each time, back to
-``EXPLORE_EVERY`` when the rule itself takes the method's own draft: exploring costs less and less.
+**Exploration.** Options not taken teach nothing; so after a wait of steps that were not the method's own draft
+(its depth, top-k and whole pool), one step is. The wait is ``EXPLORE_EVERY`` steps, doubled for each plain
+step's worth the explorations lost since the rule itself last took the method's own draft: a drafter that
+costs nothing to try (a lookup) is tried every ``EXPLORE_EVERY`` steps, an expensive one ever more rarely.
 
 **The allowance is a cap.** The regret, what drafting lost against plain decoding (each drafting step's
 time less the plain time of its tokens, in plain steps; a step that paid counts negative), stays within
@@ -46,7 +47,7 @@ from specbench.budget.drafting import WINDOW, DraftingCost
 from specbench.core.draft import Draft
 
 BUDGETS = ("fixed", "auto", "static", "replay")  # replay: a recorded run's decisions (specbench.budget.replay)
-EXPLORE_EVERY = 16  # steps away from the method's own draft before one takes it (then the wait doubles)
+EXPLORE_EVERY = 16  # steps away from the method's own draft before one takes it (doubled per step's worth lost)
 ALLOWANCE_SHARE = 0.01  # the regret stays within this share of the run's modelled time …
 ALLOWANCE_FLOOR = 2.0  # … plus this many plain steps: room for a first draft costing a step, at SPIKE
 SPIKE = 2.0  # an option's worst case counts its drafting at this multiple of the modelled seconds
@@ -119,7 +120,8 @@ class AutoBudget:
         self.options: dict[tuple[int, int, int], list[float]] = {}
         self.deepest = self.top_k = self.pool = 0  # the method's own depth, top-k and pool width, as drafted
         self.regret = self.elapsed = 0.0  # in plain steps' worth of modelled time
-        self.skipped, self.wait = 0, EXPLORE_EVERY
+        self.skipped = 0  # steps since the method's own draft
+        self.explored = 0.0  # plain steps' worth the explorations lost since the rule last took its own draft
         self.why: list[str] = []  # per step (WHY)
         self.widths: list[int] = []  # per step: aux columns sent
         self.kept: list[int] = []  # per step: guesses verified
@@ -140,7 +142,7 @@ class AutoBudget:
         """A new dataset category: acceptance is learned afresh (a category's figures never depend on the order)."""
         self.stats.clear()
         self.options.clear()
-        self.skipped, self.wait = 0, EXPLORE_EVERY
+        self.skipped, self.explored = 0, 0.0
 
     def allowance(self) -> float:
         return ALLOWANCE_FLOOR + ALLOWANCE_SHARE * self.elapsed
@@ -162,7 +164,8 @@ class AutoBudget:
 
     def _decide(self) -> tuple[tuple, str]:
         t1, own, plain = self.cost(1, self._context), (None, None, None), (0, None, None)
-        if self.why and self.why[-1] == "plain" and self.skipped < self.wait and self.regret + self._need > self.allowance():
+        wait = EXPLORE_EVERY * 2**self.explored
+        if self.why and self.why[-1] == "plain" and self.skipped < wait and self.regret + self._need > self.allowance():
             return plain, "plain"  # nothing learned since, and no more room: plain until the next exploration
         if not self.options:  # nothing measured: the method's own draft, if drafting it cannot break the cap
             own_cost = self.drafting(self.deepest or self.drafting.deepest or 1, self.top_k or self.drafting.widest)
@@ -179,9 +182,9 @@ class AutoBudget:
                 else:  # it would pay better, but the regret has no room for it yet: the room it needs
                     self._need = min(self._need, loss)
         whole = self.options.get((self.deepest, self.top_k, self.pool))
-        if (self.skipped >= self.wait and best != (self.deepest, self.top_k, self.pool) and whole and self._fits(
+        if (self.skipped >= wait and best != (self.deepest, self.top_k, self.pool) and whole and self._fits(
                 self.cost(1 + whole[2] + whole[3], self._context) + SPIKE * self.drafting(self.deepest, self.top_k), t1)):
-            self.skipped, self.wait = 0, 2 * self.wait
+            self.skipped = 0
             return own, "explored"
         if best is None:
             return plain, "plain"
@@ -248,7 +251,7 @@ class AutoBudget:
         self.proposed.append(len(draft))
         own = self._caps[:2] == (None, None) and width >= self.pool
         if own and self.why[-1] == "chosen":
-            self.wait = EXPLORE_EVERY
+            self.explored = 0.0
         self.skipped = 0 if own else self.skipped + 1
         if width >= draft.aux_width and len(keep) == len(draft):
             return draft
@@ -265,7 +268,10 @@ class AutoBudget:
         spent = self._spent() if self.static else draft_s
         self.elapsed += (forward + spent) / t1
         if drafted:
-            self.regret += (forward + spent - (1 + len(accepted_nodes)) * t1) / t1
+            loss = (forward + spent - (1 + len(accepted_nodes)) * t1) / t1
+            self.regret += loss
+            if self.why[-1] == "explored":
+                self.explored += max(loss, 0.0)
 
     def _weigh(self, draft: Draft, spent: float, caps: tuple = (None, None)) -> dict[int, tuple]:
         """Each pool width of ``draft``: the guesses worth verifying beside it (none past ``caps``), their scores,
