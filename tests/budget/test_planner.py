@@ -149,3 +149,17 @@ def test_budget_static_runs_decide_alike_and_share_one_stored_table(tmp_path, mo
     path = mine[0].drafting_table.iloc[0]
     assert mine[1].drafting_table.iloc[0] == path and read_table(__import__("pathlib").Path(path)) is not None
     assert json.loads(mine[0].budget_calibration.iloc[0]) == json.loads(mine[1].budget_calibration.iloc[0])
+
+
+def test_acceptance_is_learned_afresh_with_each_dataset_category(tmp_path, monkeypatch):
+    """Three questions, the first two of one category: the run's planner starts afresh once, at the third."""
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    rows = [{"question_id": i, "category": c, "turns": [f"Question {i}: say something about {c}."]}
+            for i, c in ((1, "writing"), (2, "writing"), (3, "math"))]
+    data = tmp_path / "questions.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    fresh = []
+    monkeypatch.setattr(AutoBudget, "new_category", lambda self: fresh.append(len(self.why)))
+    run(make_cfg("experiment=smoke", "method=spectra_core-cpu", "dataset=mtbench", f"dataset.path={data}",
+                 "limit=3", "max_new_tokens=8", "baseline=false", "progress=false", f"results_dir={tmp_path / 'r'}"))
+    assert len(fresh) == 1 and fresh[0] > 0  # after the two writing questions' steps, before the math one's
