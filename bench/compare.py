@@ -65,7 +65,7 @@ from methods.registry import build_method_config, get_method
 from specbench.budget.costs import CostModel, load_or_measure
 from specbench.budget.planner import AutoBudget
 from specbench.core.acceptance import SamplingParams
-from specbench.core.decode import generate
+from specbench.core.decode import References, generate
 from specbench.core.draft import DrafterContext
 from specbench.core.forward import Target
 from specbench.errors import ConfigError
@@ -73,7 +73,7 @@ from specbench.models import load_model
 from specbench.paths import CONF_DIR
 from specbench.provenance import environment_info
 from specbench.results.metrics import mac_tp, mic_tp
-from specbench.results.stats import bootstrap_interval, speedup_ratio
+from specbench.results.stats import bootstrap_interval, share_interval, speedup_ratio
 from specbench.results.table import format_interval
 from specbench.run.config import load_preset
 from specbench.stores.datastore import Datastore
@@ -188,6 +188,19 @@ def speedups(t: Tally, base: Tally) -> dict[str, float]:
     }
 
 
+def share_of_limit(t: Tally, oracle: Tally, base: Tally) -> str:
+    """The method's speedup ÷ the oracle's, [95% paired bootstrap interval over prompts]."""
+    def per_prompt(tally: Tally) -> pd.DataFrame:
+        runs, b = (pd.DataFrame(x.runs, columns=["prompt", "repeat", "tokens", "seconds"]) for x in (tally, base))
+        return runs.merge(b, on=["prompt", "repeat"], suffixes=("_m", "_b")).groupby("prompt").sum()
+
+    names = {"m_tokens": "tokens_m", "m_seconds": "seconds_m", "b_tokens": "tokens_b", "b_seconds": "seconds_b"}
+    mine, best = per_prompt(t), per_prompt(oracle)
+    common = mine.index.intersection(best.index)
+    lo, hi = share_interval(*({k: p.loc[common, c] for k, c in names.items()} for p in (mine, best)))
+    return format_interval(speedups(t, base)["speedup"] / speedups(oracle, base)["speedup"], lo, hi, spec=".0%")
+
+
 def bench(loaded, prompts, presets: list[str], max_new: int, run_cfg=None, store=None, cost=None,
           sampling: SamplingParams | None = None, repeats: int = 1, hf_pld: bool = True) -> dict[str, Tally]:
     target = Target(loaded.model)
@@ -195,10 +208,12 @@ def bench(loaded, prompts, presets: list[str], max_new: int, run_cfg=None, store
     sampling = sampling or SamplingParams()
     drafters = {"autoregressive": get_method("autoregressive")(None, vocab_size=loaded.vocab_size)}
     budgets = {}  # <preset>:auto: trimmed under the measured cost curve, statistics kept across prompts
+    references = References(target, max_new, eos)  # the oracle's: each prompt's greedy output, made untimed
     for name in presets:
         method, cfg, budget = preset(name, run_cfg, store)
         context = DrafterContext(sampling=sampling, device=loaded.device, target_model=loaded.model,
-                                 target_name=loaded.name)  # drafters that read the target (EAGLE, Medusa)
+                                 target_name=loaded.name,  # drafters that read the target (EAGLE, Medusa)
+                                 forward_cost=cost, reference=references)
         drafters[name] = get_method(method)(
             cfg, vocab_size=loaded.vocab_size, seed=0, tokenizer=loaded.tokenizer, context=context
         )
@@ -214,6 +229,8 @@ def bench(loaded, prompts, presets: list[str], max_new: int, run_cfg=None, store
             start = time.perf_counter()
             out = hf_generate(loaded, ids, n, prompt_lookup_num_tokens=10)
             return out, None, time.perf_counter() - start
+        if drafters[name].needs_reference:
+            references(ids)  # before the clock starts
         start = time.perf_counter()
         rec = generate(target, drafters[name], ids, max_new_tokens=n, eos_token_ids=eos, planner=budgets.get(name),
                        sampling=sampling, generator=generator)
@@ -241,6 +258,8 @@ def bench(loaded, prompts, presets: list[str], max_new: int, run_cfg=None, store
                     drafters[name].begin_sample()
                 outs[name] = once(name, ids, max_new, 1_000_003 * rep + i)
             ref = outs["autoregressive"][0]
+            if sampling.greedy and len(ref) == max_new:
+                references.add(ids, ref)
             for name, (out, rec, seconds) in outs.items():
                 same = sampling.greedy and out == ref
                 if rec is None:  # hf_pld: only tokens and time
@@ -270,9 +289,10 @@ def report(dtype: str, dataset: str, tallies: dict[str, Tally], greedy: bool = T
         modelled = (f"{(base.modelled_s / (base.tokens - base.n)) / (t.modelled_s / (t.tokens - t.n)):5.2f}x"
                     if t.modelled_s and base.modelled_s else "     -")  # decode steps only, as planned
         same = f"{t.match}/{t.n}" if greedy else "-"
+        limit = share_of_limit(t, tallies["oracle"], base) if "oracle" in tallies and name != "autoregressive" else "-"
         print(
-            f"{dtype:9} {dataset:10} {name:30} {tau} {speedup:30} {sp['time_ratio']:5.2f}x {modelled} {mac} {mic}"
-            f" {width} {aux} {overhead} {share} {lookup}  {same}"
+            f"{dtype:9} {dataset:10} {name:30} {tau} {speedup:30} {limit:17} {sp['time_ratio']:5.2f}x {modelled} {mac}"
+            f" {mic} {width} {aux} {overhead} {share} {lookup}  {same}"
         )
 
 
@@ -314,15 +334,17 @@ def main() -> None:
     )
     print("speedup = method tokens/s ÷ autoregressive tokens/s on the same prompts and repeats, same process; "
           "±: std over repeats; [lo, hi]: 95% paired bootstrap interval over prompts; "
+          "limit: the speedup ÷ the oracle's (--methods oracle: the true continuation drafted, as many tokens a "
+          "step as pay most on the cost curve), [interval]; "
           "time: Σ autoregressive s / Σ method s (the same figure only when outputs have equal lengths)")
     print(
-        f"{'dtype':9} {'dataset':10} {'method':30} {'τ':>5} {'speedup':30} {'time':>6} {'model':>6} {'Mac-TP':>7} "
+        f"{'dtype':9} {'dataset':10} {'method':30} {'τ':>5} {'speedup':30} {'limit':17} {'time':>6} {'model':>6} {'Mac-TP':>7} "
         f"{'Mic-TP':>7} {'q/fwd':>5} {'aux':>8} {'ms/stp':>6} {'draft%':>6} {'lookup':>6}  same as AR"
     )
     for dtype in args.dtypes:
         loaded = load_model(OmegaConf.merge(model_cfg, {"dtype": dtype}), hardware_cfg)
         cost = None
-        if any(preset(m)[2] == "auto" for m in args.methods):
+        if any(preset(m)[2] in ("auto", "static") or get_method(preset(m)[0]).needs_reference for m in args.methods):
             plan = args.plan_dtype or dtype
             attn = hardware_cfg.get("attn_implementation", "sdpa")
             if args.flat_cost:
@@ -340,7 +362,8 @@ def main() -> None:
                 continue
             ds_cfg, prompts = found
             run_cfg = OmegaConf.create(
-                {"model": model_cfg, "dataset": ds_cfg, "limit": args.prompts, "offset": 0, "seed": 0}
+                {"model": model_cfg, "dataset": ds_cfg, "limit": args.prompts, "offset": 0, "seed": 0,
+                 "temperature": args.temperature}
             )
             try:
                 tallies = bench(loaded, prompts, args.methods, args.max_new_tokens, run_cfg, stores.get(name), cost,

@@ -104,12 +104,8 @@ class Draft:
     @classmethod
     def chain(cls, tokens: list[int], source: str, draft_probs: torch.Tensor | None = None) -> Draft:
         """A single sequence of guesses."""
-        return cls(
-            tokens=list(tokens),
-            parents=list(range(-1, len(tokens) - 1)),
-            sources=[source] * len(tokens),
-            draft_probs=draft_probs,
-        )
+        return cls(tokens=list(tokens), parents=list(range(-1, len(tokens) - 1)), sources=[source] * len(tokens),
+                   draft_probs=draft_probs)
 
     @classmethod
     def from_sequences(cls, seqs: list[list[int]], sources: list[str]) -> Draft:
@@ -291,6 +287,8 @@ class DrafterContext:
       :func:`specbench.models.load_model` on the target's hardware and dtype, with the same one-line errors.
     * ``target_model``, ``target_name``, ``target_heads``: the target itself (self-drafting shares its weights),
       its preset name (the identity of trained heads), the heads published for it ({kind: hub repo}).
+    * ``forward_cost(q, context)``, ``reference(prompt)``: the run's cost curve and a prompt's greedy output, made
+      before the timed generation, for a drafter that drafts the answer (``needs_reference``: the oracle).
     """
 
     sampling: Any = None
@@ -301,6 +299,8 @@ class DrafterContext:
     target_name: str = ""
     hardware: Any = None
     target_heads: dict[str, str] = field(default_factory=dict)
+    forward_cost: Callable[[int, int], float] | None = None
+    reference: Callable[[list[int]], list[int]] | None = None
 
 
 class Drafter:
@@ -326,6 +326,7 @@ class Drafter:
     feature_layers: tuple[int, ...] = ()
     batchable: ClassVar[bool] = True  # False: its drafts cannot be made per request beside others (batch > 1)
     HOST_READS: ClassVar[int] = 0  # device→host reads drafting adds to a step (GPU syncs; specbench.run.syncs)
+    needs_reference: ClassVar[bool] = False  # the oracle: DrafterContext.reference and forward_cost are given
 
     @classmethod
     def host_reads(cls, config: Any, drafted: int) -> int:

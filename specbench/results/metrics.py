@@ -32,10 +32,12 @@ import numpy as np
 import pandas as pd
 
 from specbench.results import stats as spread
-from specbench.results.stats import bootstrap_interval, speedup_ratio, verdict
+from specbench.results.stats import bootstrap_interval, share_interval, speedup_ratio, verdict
 
 # The method every other one is measured against, by its registered name.
 BASELINE = "autoregressive"
+# The drafter that knows the answer (methods/oracle.py): every speedup is also read as a share of its speedup.
+ORACLE = "oracle"
 # A method row is compared with the baseline row that matches on all of these.
 JOIN_KEYS = (
     "model",
@@ -283,12 +285,13 @@ def summarize(df: pd.DataFrame, baseline_method: str = BASELINE, same_job: bool 
         )
         .reset_index()
     )
-    out = []
+    out, per_prompt = [], []
     for key, g in df.groupby(group_keys, dropna=False, sort=True):
         rec = dict(zip(group_keys, key, strict=True))
         rec.update(_group_stats(g))
         rec.update(_serving_stats(g))
         paired = g.merge(base, on=join_keys, how="inner")
+        per_prompt.append(paired.groupby("sample_id", sort=False)[list(_PAIR_COLUMNS.values())].sum())
         rec["n_paired"] = len(paired)
         if rec["method"] == baseline_method:
             rec.update(speedup=1.0, speedup_lo=math.nan, speedup_hi=math.nan, speedup_std=math.nan,
@@ -306,32 +309,35 @@ def summarize(df: pd.DataFrame, baseline_method: str = BASELINE, same_job: bool 
             else math.nan
         )
         out.append(rec)
-    first = [
-        *group_keys,
-        "n_samples",
-        "n_prompts",
-        "n_repeats",
-        "n_paired",
-        "speedup",
-        "speedup_lo",
-        "speedup_hi",
-        "speedup_std",
-        "verdict",
-        "tau",
-        "tau_lo",
-        "tau_hi",
-        "acceptance_length",
-        "acceptance_rate",
-        "mean_accepted",
-        "mac_tp",
-        "mic_tp",
-        "greedy_match",
-        "overhead_ms_per_step",
-        "wall_s",
-    ]
+    first = [*group_keys, *"""n_samples n_prompts n_repeats n_paired speedup speedup_lo speedup_hi speedup_std verdict tau tau_lo
+        tau_hi acceptance_length acceptance_rate mean_accepted mac_tp mic_tp greedy_match
+        overhead_ms_per_step wall_s""".split()]
     res = pd.DataFrame(out)
     res["throughput_speedup"] = _throughput_speedups(res, group_keys, baseline_method)
+    res = _limits(res, per_prompt, group_keys, baseline_method)
     return res[first + [c for c in res.columns if c not in first]]
+
+
+_PAIR_COLUMNS = {"m_tokens": "new_tokens", "m_seconds": "wall_s", "b_tokens": "_base_tokens",
+                 "b_seconds": "_base_wall_s"}
+
+
+def _limits(res: pd.DataFrame, per_prompt: list[pd.DataFrame], group_keys: list[str], baseline_method: str
+            ) -> pd.DataFrame:
+    """``limit``: each row's speedup ÷ that of the :data:`ORACLE` row of the same keys (model, dataset, sampling,
+    device, dtype, …), ``limit_lo``/``limit_hi`` its paired bootstrap over the prompts both ran; NaN without one."""
+    keys = [k for k in group_keys if k not in ("preset", "method", "method_params")]
+    res = res.assign(limit=math.nan, limit_lo=math.nan, limit_hi=math.nan)
+    oracles = {tuple(str(r[k]) for k in keys): i for i, r in res.iterrows() if r["method"] == ORACLE}
+    for i, r in res.iterrows():
+        o = oracles.get(tuple(str(r[k]) for k in keys))
+        if o is None or r["method"] == baseline_method or not res.at[o, "speedup"] > 0:
+            continue
+        common = per_prompt[i].index.intersection(per_prompt[o].index)
+        mine, best = ({k: p.loc[common, c] for k, c in _PAIR_COLUMNS.items()} for p in (per_prompt[i], per_prompt[o]))
+        res.at[i, "limit"] = r["speedup"] / res.at[o, "speedup"]
+        res.at[i, "limit_lo"], res.at[i, "limit_hi"] = share_interval(mine, best)
+    return res
 
 
 def acceptance_by_source(df: pd.DataFrame, by: Sequence[str] = ("method",)) -> pd.DataFrame:

@@ -51,6 +51,18 @@ def bootstrap_interval(
     return float(lo), float(hi)
 
 
+def share_interval(mine: dict[str, Sequence[float]], best: dict[str, Sequence[float]]) -> tuple[float, float]:
+    """The paired bootstrap interval over prompts of one speedup ÷ another (a method's ÷ the oracle's): each
+    maps :func:`speedup_ratio`'s four arguments to per-prompt totals, over the same prompts in the same order."""
+    parts = {**{f"a_{k}": v for k, v in mine.items()}, **{f"b_{k}": v for k, v in best.items()}}
+
+    def share(**p):
+        return speedup_ratio(**{k[2:]: v for k, v in p.items() if k[0] == "a"}) / speedup_ratio(
+            **{k[2:]: v for k, v in p.items() if k[0] == "b"})
+
+    return bootstrap_interval(parts, share)
+
+
 def verdict(lo: float, hi: float) -> str:
     """How a speedup interval reads: faster, slower, or no measurable change (it contains 1.00)."""
     if math.isnan(lo) or math.isnan(hi):

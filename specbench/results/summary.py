@@ -25,6 +25,9 @@ LEGEND = {
     "speedup": "(Σ tokens / Σ seconds) of the preset ÷ the same of the autoregressive baseline run in the same "
                "job on the same prompts; ± spread over repeats, [95% bootstrap interval over prompts]",
     "vs AR": "faster or slower when that interval lies above or below 1.00, else no measurable change",
+    "limit": "share of the limit: the speedup ÷ the oracle's on the same prompts (method=oracle drafts the true "
+             "continuation, as many tokens a step as pay most on the measured cost curve: the best any drafter "
+             "can reach here), [95% paired bootstrap interval over prompts]; — where no oracle ran",
     "τ": "new tokens ÷ target forwards, the prefill counted as one (autoregressive τ = 1.00), [interval]",
     "acc. length": "1 + accepted guesses per decode step (Spec-Bench's and vLLM's count)",
     "acc. rate": "accepted guesses ÷ drafted guesses",
@@ -70,6 +73,7 @@ def summary_frame(df: pd.DataFrame, published: Callable[[dict], tuple[float, flo
         row.update(method=r["method"], prompts=int(r["n_prompts"]), gens=int(r["n_samples"]),
                    speedup=r["speedup"], speedup_lo=r["speedup_lo"], speedup_hi=r["speedup_hi"],
                    speedup_std=r["speedup_std"], verdict=r["verdict"] if r["method"] != BASELINE else "",
+                   limit=r["limit"], limit_lo=r["limit_lo"], limit_hi=r["limit_hi"],
                    tau=r["tau"], tau_lo=r["tau_lo"], tau_hi=r["tau_hi"], tau_std=r.get("tau_std", math.nan),
                    acceptance_length=r["acceptance_length"], acceptance_rate=r["acceptance_rate"],
                    tokens_per_s=rate, tokens_per_s_lo=lo, tokens_per_s_hi=hi, mac_tp=r["mac_tp"],
@@ -98,6 +102,7 @@ def format_summary(summary: pd.DataFrame, legend: bool = True) -> str:
             str(r["preset"]), str(r["prompts"]), str(r["gens"]),
             format_interval(r["speedup"], r["speedup_lo"], r["speedup_hi"], r["speedup_std"], suffix="×"),
             str(r["verdict"] or "—"),
+            format_interval(r["limit"], r["limit_lo"], r["limit_hi"], spec=".0%"),
             format_interval(r["tau"], r["tau_lo"], r["tau_hi"], r["tau_std"]),
             _fmt(r["acceptance_length"], ".2f"), _fmt(r["acceptance_rate"], ".0%"),
             format_interval(r["tokens_per_s"], r["tokens_per_s_lo"], r["tokens_per_s_hi"], spec=".1f"),

@@ -19,6 +19,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 from methods.registry import build_method_config, get_method, method_names
 from specbench.core.acceptance import SamplingParams
 from specbench.core.attention import fold_gqa
+from specbench.budget.costs import CostModel
+from specbench.core.decode import References
 from specbench.core.draft import Drafter, DrafterContext
 from specbench.core.forward import Target
 
@@ -37,6 +39,7 @@ TINY = {  # the same two kinds of attention, small enough for a CPU
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 SHARPEN = 4.0  # the output layer scaled up: random models then make greedy choices far from ties
 TARGET_NAME = "gpu-check"
+REFERENCE_TOKENS = 256  # the oracle's reference outputs: longer than any generation of the checks
 
 Row = tuple[str, str, str, bool, str]
 
@@ -120,7 +123,8 @@ def drafters(target: Target, vocab: int, workdir: Path, texts: list[list[int]], 
     hidden = target.model.config.hidden_size
     layers = target.model.config.num_hidden_layers
     context = DrafterContext(sampling=sampling or SamplingParams(), device=target.device, dtype=target.dtype,
-                             target_model=target.model, target_name=TARGET_NAME)
+                             target_model=target.model, target_name=TARGET_NAME, forward_cost=CostModel.flat(),
+                             reference=References(target, REFERENCE_TOKENS))
     out = {}
     for name in only or method_names():
         settings = method_settings(name, store, heads or workdir, hidden, layers, target.model.config,

@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from methods.registry import get_method
 from specbench import data as datasets_
-from specbench.core.decode import generate
+from specbench.core.decode import References, generate
 from specbench.core.draft import DrafterContext
 from specbench.core.forward import Target
 from specbench.errors import ConfigError
@@ -104,6 +104,13 @@ class Measurement:
     def __init__(self, job: Job, loaded: Any, writer: ResultWriter, prompts: dict[str, list[int]]) -> None:
         self.job, self.loaded, self.writer, self.prompts = job, loaded, writer, prompts
         self.target = Target(loaded.model)
+        self.cost = None
+        if job.auto or any(get_method(name).needs_reference for name in job.methods):
+            from specbench.budget.costs import load_or_measure
+
+            self.cost = load_or_measure(loaded, loaded.name, loaded.dtype,
+                                        str(job.hardware.get("attn_implementation", "")), progress=job.progress,
+                                        batch_size=job.batch_size)
         drafter_context = DrafterContext(
             sampling=job.sampling,
             device=self.target.device,
@@ -113,6 +120,8 @@ class Measurement:
             target_name=loaded.name,
             hardware=job.hardware,
             target_heads=dict(job.model_cfg.get("heads") or {}),
+            forward_cost=self.cost,
+            reference=References(self.target, self.max_new, loaded.eos_token_ids),
         )
         self.drafters = {
             name: get_method(name)(job.config_of(name), vocab_size=loaded.vocab_size, seed=job.seed,
@@ -122,13 +131,6 @@ class Measurement:
         seen = environment_info(loaded.device, devices=self.target.devices, quantization=loaded.quantization,
                                 device_map=loaded.device_map, linear=loaded.linear)
         _warn_device_mismatch(job.hardware, seen["device_name"])
-        self.cost = None
-        if job.auto:
-            from specbench.budget.costs import load_or_measure
-
-            self.cost = load_or_measure(loaded, loaded.name, loaded.dtype,
-                                        str(job.hardware.get("attn_implementation", "")), progress=job.progress,
-                                        batch_size=job.batch_size)
         curve = json.dumps(self.cost.to_dict()) if self.cost is not None else ""
         own = {name: name == job.method for name in job.methods}
         self.columns = {name: {"budget": job.budget if job.auto and own[name] else "fixed",
@@ -209,6 +211,8 @@ class Measurement:
                 if self.job.batch_size > 1:
                     batched.warm_up(self, name, warm, tokens)
                 else:
+                    if self.drafters[name].needs_reference:  # its reference generated before the timed span
+                        self.drafters[name].context.reference(warm)
                     self.generate(name, warm, tokens, self.generator("warmup", 0, 0))
         if self.job.method in self.budgets:
             self.calibration = self.budgets[self.job.method].drafting
@@ -254,10 +258,14 @@ class Measurement:
                 if len(answers) == turn:  # skipped: the sample ends here
                     break
                 continue
+            if self.drafters[name].needs_reference:  # the oracle: this prompt's autoregressive output, untimed
+                self.drafters[name].context.reference(ids)
             t0 = time.perf_counter()
             self.target.reset_peak_memory()
             rec = self.generate(name, ids, self.max_new(ids), self.generator(sample.sample_id, turn, repeat),
                                 key=(sample.sample_id, turn, repeat))
+            if name == BASELINE and not self.job.sampling.temperature:
+                self.drafters[name].context.reference.add(ids, rec.output_ids)
             answers.append(self.write(name, sample, turn, repeat, rec, self.target.peak_memory_gb()))
             bar.set_postfix(method=name, tok_s=f"{rec.new_tokens / max(time.perf_counter() - t0, 1e-9):.1f}")
             bar.update(1)

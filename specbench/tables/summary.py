@@ -45,7 +45,8 @@ def write_summary(results: str | Path, out: str | Path, paper_dir: str | Path | 
     return [md, csv, *figure]
 
 
-METRICS = (("speedup", "speedup", "speedup_lo", "speedup_hi"), ("τ", "tau", "tau_lo", "tau_hi"),
+METRICS = (("speedup", "speedup", "speedup_lo", "speedup_hi"), ("limit", "limit", "limit_lo", "limit_hi"),
+           ("τ", "tau", "tau_lo", "tau_hi"),
            ("tokens/s", "tokens_per_s", "tokens_per_s_lo", "tokens_per_s_hi"),
            ("acc. length", "acceptance_length", None, None), ("acc. rate", "acceptance_rate", None, None),
            ("greedy match", "greedy_match", None, None))
@@ -58,6 +59,8 @@ def long_form(summary: pd.DataFrame) -> pd.DataFrame:
     for r in summary.to_dict("records"):
         keys = {k: r[k] for k in ("model", "preset", "method", "temperature", "batch_size") if k in r}
         for label, col, lo, hi in METRICS:
+            if label == "limit" and not r.get("limit", math.nan) == r.get("limit", math.nan):
+                continue  # no oracle ran beside it
             paper = {"speedup": r.get("paper_speedup"), "τ": r.get("paper_tau")}.get(label, math.nan)
             ours = r[col]
             records.append({**keys, "dataset": r["dataset"], "metric": label, "ours": ours,

@@ -17,7 +17,9 @@ import pytest
 import torch
 
 from methods.registry import build_method_config, get_method, method_names
+from specbench.budget.costs import CostModel
 from specbench.core.acceptance import SamplingParams
+from specbench.core.decode import References
 from specbench.core.draft import DrafterContext
 from specbench.drafting.acceptance_head import AcceptanceHead, save_head
 from specbench.drafting.eagle_drafter import random_head
@@ -98,8 +100,12 @@ def _maker(name, store, target, tmp_path, sampling: SamplingParams, model=None):
     cls = get_method(name)
     seeds = itertools.count()
 
+    # the oracle drafts the greedy output of the target it is verified against (the bigram target when sampling)
+    reference = References(target if sampling.greedy or name in NEEDS_MODEL else BigramTarget(), 64)
+
     def make():
-        context = DrafterContext(sampling=sampling, target_model=model, target_name=TARGET_NAME)
+        context = DrafterContext(sampling=sampling, target_model=model, target_name=TARGET_NAME,
+                                 forward_cost=CostModel.flat(), reference=reference)
         return cls(config, vocab_size=SMALL_VOCAB, seed=next(seeds), context=context)
 
     return make

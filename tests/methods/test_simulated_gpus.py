@@ -24,7 +24,7 @@ from specbench.budget.batch import BatchBudget
 from specbench.budget.costs import CostModel
 from specbench.budget.planner import AutoBudget
 from specbench.core.acceptance import SamplingParams
-from specbench.core.decode import Request, decode_batch, generate
+from specbench.core.decode import References, Request, decode_batch, generate
 from specbench.core.draft import Draft, Drafter, DrafterContext, ScopedMemory
 from specbench.core.forward import Target
 from specbench.drafting.eagle_drafter import random_head
@@ -144,8 +144,11 @@ def maker(case: str, model: torch.nn.Module, sampling: SamplingParams, store, he
     cls = get_method(name)
     seeds = itertools.count()
 
+    reference = References(Target(model), 4 * TOKENS)  # the oracle's (generated before its first proposal)
+
     def make():
-        context = DrafterContext(sampling=sampling, target_model=model, target_name=TARGET_NAME)
+        context = DrafterContext(sampling=sampling, target_model=model, target_name=TARGET_NAME,
+                                 forward_cost=GPU_CURVE, reference=reference)
         return cls(config, vocab_size=VOCAB, seed=next(seeds), context=context)
 
     return make, cls

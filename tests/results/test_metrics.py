@@ -298,3 +298,26 @@ def test_same_job_pairs_only_with_the_baseline_of_the_same_job(df):
     pld = metrics.summarize(df, same_job=True).set_index("method").loc["pld"]
     assert pld["n_paired"] == 1 and pld["speedup"] == pytest.approx(2.0 / 1.0)
     assert metrics.summarize(df).set_index("method").loc["pld", "n_paired"] == 2
+
+
+def test_limit_is_each_speedup_over_the_oracles_with_a_paired_interval():
+    rows = []
+    # per prompt: baseline 1 token / 0.1 s; pld 2× on a, 1.5× on b, 1.2× on c; the oracle 4× on a, 2× on b and c
+    for sid, pld, best in (("a", 2.0, 4.0), ("b", 1.5, 2.0), ("c", 1.2, 2.0)):
+        rows.append(row("autoregressive", sid, [1] * 8, [0.1] * 8, list(range(8))))
+        rows.append(row("pld", sid, [2] * 4, [0.2 / pld] * 4, list(range(8))))
+        rows.append(row("oracle", sid, [4] * 2, [0.4 / best] * 2, list(range(8))))
+    df = pd.DataFrame(rows)
+    s = metrics.summarize(df).set_index("method")
+    pld, oracle = s.loc["pld"], s.loc["oracle"]
+    assert pld["limit"] == pytest.approx(pld["speedup"] / oracle["speedup"])
+    assert pld["speedup"] == pytest.approx(24 / (0.4 + 0.8 / 1.5 + 0.8 / 1.2) / 10)
+    assert pld["limit_lo"] < pld["limit"] < pld["limit_hi"] < 1  # prompts disagree: an interval with width
+    assert oracle["limit"] == pytest.approx(1.0) and math.isnan(s.loc["autoregressive", "limit"])
+    assert "limit" in format_summary(summary_frame(df)).splitlines()[0]
+    pld_line = next(ln for ln in format_summary(summary_frame(df)).splitlines() if "| pld" in ln)
+    assert f"{pld['limit']:.0%} [{pld['limit_lo']:.0%}, {pld['limit_hi']:.0%}]" in pld_line
+    # on another device the oracle is not this row's limit
+    other = pd.DataFrame([r for r in rows if r["method"] != "oracle"]
+                         + [{**r, "device_name": "gpu B"} for r in rows if r["method"] in ("oracle", "autoregressive")])
+    assert math.isnan(metrics.summarize(other).set_index(["method", "device_name"]).loc[("pld", "cpu A"), "limit"])
