@@ -15,7 +15,7 @@ STAMP       := $(VENV)/.specbench-installed
 PYTEST      := $(PY) -m pytest -p no:cacheprovider
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo smoke smoke-experiments test test-slow test-data slurm-test summary site site-test docs test-all gpu-check gpu-bundle gpu-rehearsal lint bench bench-stores bench-heads bench-retrieval clean train-acceptance-head train-eagle-head \
+.PHONY: peers test-peers help setup demo smoke smoke-experiments test test-slow test-data slurm-test summary site site-test docs test-all gpu-check gpu-bundle gpu-rehearsal lint bench bench-stores bench-heads bench-retrieval clean train-acceptance-head train-eagle-head \
         datastore datastore-refine memory_scopes batch_sweep spec_bench table1 table2 table3 table4 table5 table6 table7 figures report reproduce-cpu
 
 # Paper reproduction. Sweeps write <RESULTS>/<experiment>/; reports go to <REPORTS>/ (Markdown, LaTeX,
@@ -74,8 +74,19 @@ smoke: setup ## a seconds-long end-to-end run on a random tiny model
 # fixtures); TEST_WORKERS=0 runs it in one process
 TEST_WORKERS ?= 2
 TEST_PAR     = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope)
+# The peer-engine tests run where llama-server is built (make peers), and are left out, in one line, where not.
+PEERS_BUILT = $(PY) -c "import sys; from specbench.peers.llamacpp import server_binary; sys.exit(server_binary() is None)"
 test: setup ## the fast test suite (2 workers; TEST_WORKERS=0 for one process)
-	$(if $(filter 0,$(TEST_WORKERS)),,OMP_NUM_THREADS=1 MKL_NUM_THREADS=1) $(PYTEST) $(TEST_PAR) -m "not slow and not data and not browser" -q
+	@$(PEERS_BUILT) || echo "peer-engine tests left out: llama-server is not built (make peers, then make test-peers)"
+	$(if $(filter 0,$(TEST_WORKERS)),,OMP_NUM_THREADS=1 MKL_NUM_THREADS=1) $(PYTEST) $(TEST_PAR) \
+	  -m "not slow and not data and not browser$$($(PEERS_BUILT) || echo ' and not peers')" -q
+
+peers: setup ## llama.cpp's llama-server, built from the llama-cpp-python sdist's sources (~7 min on 2 cores; cached under ~/.cache/specbench/peers)
+	$(PIP) install "sentencepiece>=0.2"
+	$(PY) -m specbench.cli.peers build
+
+test-peers: setup ## the peer engine's tests, against the built llama-server (make peers first)
+	$(PYTEST) -m peers -q
 
 test-slow: setup ## the slow tests (real models over many prompts)
 	$(PYTEST) -m "slow and not slurm and not data and not browser" -q
@@ -95,7 +106,7 @@ slurm-test: setup ## sweeps through hydra/launcher=slurm on a throw-away one-nod
 	$(PYTEST) -m slurm tests/slurm -q
 
 test-all: setup ## every test but the SLURM ones (make slurm-test); the data tests too with DATA_DIR=<folder>
-	$(if $(DATA_DIR),SPECBENCH_DATA_DIR=$(abspath $(DATA_DIR))) $(PYTEST) -m "not slurm and not browser$(if $(DATA_DIR),, and not data)" -q
+	$(if $(DATA_DIR),SPECBENCH_DATA_DIR=$(abspath $(DATA_DIR))) $(PYTEST) -m "not slurm and not browser$(if $(DATA_DIR),, and not data)$$($(PEERS_BUILT) || echo ' and not peers')" -q
 
 GPU_PY     ?= 3.12
 GPU_OUT    ?= gpu-check

@@ -50,6 +50,7 @@ step and each store's size and build time are printed too.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from pathlib import Path
 
@@ -79,6 +80,8 @@ from specbench.run.config import load_preset
 from specbench.stores.datastore import Datastore
 from specbench.stores.naming import RANDOM_SUFFIX
 
+ENGINES = ("llama.cpp",)  # --engines: peer engines run beside ours (specbench.peers)
+ENGINE_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 DEFAULT_METHODS = ["pld", "anpd", "lookahead-cpu", "lookahead", "spectra_core-cpu", "spectra_core"]
 DEFAULT_STORES = {"humaneval": "stdlib", "mbpp": "stdlib", "classeval": "stdlib", "mtbench": "chat", "gsm8k": "chat",
                   "spec_bench": "chat"}
@@ -133,6 +136,7 @@ class Tally:
         self.step_times: list[float] = []
         self.modelled_s = 0.0  # decode time as auto plans it: Σ t(1 + guesses + aux, context) + drafting's seconds
         self.runs: list[tuple[int, int, int, float]] = []  # (prompt, repeat, tokens, seconds) of each generation
+        self.drafted = self.accepted = 0  # a peer engine's guesses drafted and accepted (its own counts)
 
     def add(self, rec, seconds: float, same: bool, cost: CostModel | None = None, prompt: int = 0,
             repeat: int = 0) -> None:
@@ -155,6 +159,18 @@ class Tally:
         self.aux_nodes += sum(rec.step_aux[1:])
         self.step_tokens += rec.step_tokens[1:]  # decode steps: Mac-TP and Mic-TP leave the prefill out
         self.step_times += rec.step_times[1:]
+
+    def add_engine(self, done, same: bool, prompt: int, repeat: int) -> None:
+        """A peer engine's generation (:class:`specbench.peers.llamacpp.Completion`): its server-timed seconds,
+        its steps from the guesses it accepted."""
+        self.runs.append((prompt, repeat, len(done.tokens), done.seconds))
+        self.n += 1
+        self.match += same
+        self.tokens += len(done.tokens)
+        self.seconds += done.seconds
+        self.steps += done.steps
+        self.drafted += done.drafted
+        self.accepted += done.accepted
 
     def add_tokens(self, out: list[int], seconds: float, same: bool, prompt: int, repeat: int) -> None:
         """A generation known only by its tokens and time (transformers' generate)."""
@@ -188,21 +204,27 @@ def speedups(t: Tally, base: Tally) -> dict[str, float]:
     }
 
 
-def share_of_limit(t: Tally, oracle: Tally, base: Tally) -> str:
-    """The method's speedup ÷ the oracle's, [95% paired bootstrap interval over prompts]."""
-    def per_prompt(tally: Tally) -> pd.DataFrame:
-        runs, b = (pd.DataFrame(x.runs, columns=["prompt", "repeat", "tokens", "seconds"]) for x in (tally, base))
+def share_of_limit(t: Tally, base: Tally, oracle: Tally, oracle_base: Tally) -> str:
+    """The row's speedup (over ``base``) ÷ the oracle's (over ``oracle_base``), [95% paired bootstrap interval
+    over prompts]."""
+    def per_prompt(tally: Tally, over: Tally) -> pd.DataFrame:
+        runs, b = (pd.DataFrame(x.runs, columns=["prompt", "repeat", "tokens", "seconds"]) for x in (tally, over))
         return runs.merge(b, on=["prompt", "repeat"], suffixes=("_m", "_b")).groupby("prompt").sum()
 
     names = {"m_tokens": "tokens_m", "m_seconds": "seconds_m", "b_tokens": "tokens_b", "b_seconds": "seconds_b"}
-    mine, best = per_prompt(t), per_prompt(oracle)
+    mine, best = per_prompt(t, base), per_prompt(oracle, oracle_base)
     common = mine.index.intersection(best.index)
     lo, hi = share_interval(*({k: p.loc[common, c] for k, c in names.items()} for p in (mine, best)))
-    return format_interval(speedups(t, base)["speedup"] / speedups(oracle, base)["speedup"], lo, hi, spec=".0%")
+    point = speedups(t, base)["speedup"] / speedups(oracle, oracle_base)["speedup"]
+    return format_interval(point, lo, hi, spec=".0%")
 
 
 def bench(loaded, prompts, presets: list[str], max_new: int, run_cfg=None, store=None, cost=None,
-          sampling: SamplingParams | None = None, repeats: int = 1, hf_pld: bool = True) -> dict[str, Tally]:
+          sampling: SamplingParams | None = None, repeats: int = 1, hf_pld: bool = True,
+          engines: dict | None = None) -> dict[str, Tally]:
+    """``engines``: peer servers by row name (``llama.cpp:ar``, ``llama.cpp:<spec type>``), sent the same prompts
+    in the same rotation (greedy)."""
+    engines = engines or {}
     target = Target(loaded.model)
     eos = loaded.eos_token_ids
     sampling = sampling or SamplingParams()
@@ -225,6 +247,9 @@ def bench(loaded, prompts, presets: list[str], max_new: int, run_cfg=None, store
 
     def once(name, ids, n, seed):
         generator = torch.Generator().manual_seed(seed)  # the same draws for every method on one prompt
+        if name in engines:
+            done = engines[name].complete(ids, n)
+            return done.tokens, done, done.seconds
         if name == "hf_pld":
             start = time.perf_counter()
             out = hf_generate(loaded, ids, n, prompt_lookup_num_tokens=10)
@@ -237,7 +262,7 @@ def bench(loaded, prompts, presets: list[str], max_new: int, run_cfg=None, store
         return rec.output_ids, rec, time.perf_counter() - start
 
     # transformers' prompt lookup decodes greedily only
-    names = list(drafters) + (["hf_pld"] if sampling.greedy and hf_pld else [])
+    names = list(drafters) + (["hf_pld"] if sampling.greedy and hf_pld else []) + list(engines)
     for name in names:  # warm-up, not recorded
         once(name, prompts[0], 16, 0)
     tallies = {name: Tally() for name in names}
@@ -261,17 +286,26 @@ def bench(loaded, prompts, presets: list[str], max_new: int, run_cfg=None, store
             if sampling.greedy and len(ref) == max_new:
                 references.add(ids, ref)
             for name, (out, rec, seconds) in outs.items():
-                same = sampling.greedy and out == ref
-                if rec is None:  # hf_pld: only tokens and time
+                own = outs[engine_baseline(name)][0] if name in engines else ref  # an engine: its own AR's
+                same = sampling.greedy and out == own
+                if name in engines:
+                    tallies[name].add_engine(rec, same, i, rep)
+                elif rec is None:  # hf_pld: only tokens and time
                     tallies[name].add_tokens(out, seconds, same, i, rep)
                 else:
                     tallies[name].add(rec, seconds, same, cost, i, rep)
     return tallies
 
 
+def engine_baseline(name: str) -> str:
+    """The row a row's speedup is over: a peer engine's own autoregressive run, else ours."""
+    engine = name.partition(":")[0]
+    return f"{engine}:ar" if engine in ENGINES else "autoregressive"
+
+
 def report(dtype: str, dataset: str, tallies: dict[str, Tally], greedy: bool = True) -> None:
-    base = tallies["autoregressive"]
     for name, t in tallies.items():
+        base = tallies[engine_baseline(name)]
         tau = f"{t.tokens / t.steps:5.2f}" if t.steps else "    -"
         mac = f"{mac_tp(t.step_tokens, t.step_times):7.1f}" if t.step_times else "      -"
         mic = (
@@ -289,11 +323,26 @@ def report(dtype: str, dataset: str, tallies: dict[str, Tally], greedy: bool = T
         modelled = (f"{(base.modelled_s / (base.tokens - base.n)) / (t.modelled_s / (t.tokens - t.n)):5.2f}x"
                     if t.modelled_s and base.modelled_s else "     -")  # decode steps only, as planned
         same = f"{t.match}/{t.n}" if greedy else "-"
-        limit = share_of_limit(t, tallies["oracle"], base) if "oracle" in tallies and name != "autoregressive" else "-"
+        limit = (share_of_limit(t, base, tallies["oracle"], tallies["autoregressive"])
+                 if "oracle" in tallies and name != engine_baseline(name) else "-")
         print(
             f"{dtype:9} {dataset:10} {name:30} {tau} {speedup:30} {limit:17} {sp['time_ratio']:5.2f}x {modelled} {mac}"
             f" {mic} {width} {aux} {overhead} {share} {lookup}  {same}"
         )
+
+
+def peer_servers(args, loaded, dtype: str) -> list:
+    """(row name, server) for every peer engine and type asked for: llama.cpp on a GGUF of the loaded weights."""
+    if not args.engines:
+        return []
+    if args.temperature:
+        raise SystemExit("--engines runs the peers greedily: use --temperature 0")
+    from specbench.peers import llamacpp
+
+    gguf = llamacpp.gguf_for(loaded.model, loaded.tokenizer, args.model, dtype)
+    context = min(loaded.context_length, 8192)
+    return [(f"llama.cpp:{'ar' if kind == 'none' else kind}", llamacpp.LlamaServer(gguf, kind, context=context))
+            for kind in ("none", *[k for k in args.engine_types if k != "none"])]
 
 
 def main() -> None:
@@ -310,6 +359,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1, help="measure every prompt this many times (each repeat "
                     "replicates the run); speedups then show ±their spread over repeats")
     ap.add_argument("--no-hf-pld", action="store_true", help="leave out transformers' prompt lookup")
+    ap.add_argument("--engines", nargs="*", default=[], choices=ENGINES,
+                    help="peer engines run beside ours on the same weights (a GGUF of the loaded dtype) and prompts, "
+                    "greedy: rows <engine>:ar (its own autoregressive run, its rows' baseline) and <engine>:<type> "
+                    "(make peers builds llama.cpp's server)")
+    ap.add_argument("--engine-types", nargs="+", default=list(ENGINE_TYPES),
+                    help="llama.cpp's speculative types (--spec-type) run as rows")
     ap.add_argument("--stores", nargs="*", default=[], help="DATASET=STORE: the store retrieval presets read")
     ap.add_argument("--remeasure", action="store_true",
                     help="measure the cost curve anew (and cache it): a curve measured while the machine ran at "
@@ -365,12 +420,14 @@ def main() -> None:
                 {"model": model_cfg, "dataset": ds_cfg, "limit": args.prompts, "offset": 0, "seed": 0,
                  "temperature": args.temperature}
             )
-            try:
-                tallies = bench(loaded, prompts, args.methods, args.max_new_tokens, run_cfg, stores.get(name), cost,
-                                sampling, args.repeats, not args.no_hf_pld)
-            except ConfigError as err:  # a store that is missing or overlaps these prompts
-                print(f"(skipping {name}: {err})")
-                continue
+            with contextlib.ExitStack() as stack:
+                engines = {row: stack.enter_context(server) for row, server in peer_servers(args, loaded, dtype)}
+                try:
+                    tallies = bench(loaded, prompts, args.methods, args.max_new_tokens, run_cfg, stores.get(name),
+                                    cost, sampling, args.repeats, not args.no_hf_pld, engines)
+                except ConfigError as err:  # a store that is missing or overlaps these prompts
+                    print(f"(skipping {name}: {err})")
+                    continue
             report(dtype, name, tallies, sampling.greedy)
 
 

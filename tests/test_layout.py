@@ -26,6 +26,7 @@ LAYERS = {
     "specbench.results": 2,
     "specbench.stores": 3,
     "specbench.budget": 3,
+    "specbench.peers": 3,
     "specbench.drafting": 4,
     "methods": 5,
     "specbench.run": 6,

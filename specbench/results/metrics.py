@@ -38,38 +38,14 @@ from specbench.results.stats import bootstrap_interval, share_interval, speedup_
 BASELINE = "autoregressive"
 # The drafter that knows the answer (methods/oracle.py): every speedup is also read as a share of its speedup.
 ORACLE = "oracle"
+# A peer engine's rows (column ``engine``: llama.cpp) pair with its own autoregressive run, ``<engine>:ar``.
+ENGINE_BASELINE = ":ar"
 # A method row is compared with the baseline row that matches on all of these.
-JOIN_KEYS = (
-    "model",
-    "dataset",
-    "sample_id",
-    "turn",
-    "temperature",
-    "top_p",
-    "top_k",
-    "seed",
-    "max_new_tokens",
-    "device_name",
-    "dtype",
-    "batch_size",
-)
+JOIN_KEYS = ("engine", "model", "dataset", "sample_id", "turn", "temperature", "top_p", "top_k", "seed",
+             "max_new_tokens", "device_name", "dtype", "batch_size")
 # One summary row per combination of these (absent columns are skipped).
-GROUP_KEYS = (
-    "model",
-    "dataset",
-    "preset",
-    "method",
-    "method_params",
-    "temperature",
-    "top_p",
-    "top_k",
-    "max_new_tokens",
-    "device_name",
-    "device",
-    "attn_implementation",
-    "dtype",
-    "batch_size",
-)
+GROUP_KEYS = ("engine", "model", "dataset", "preset", "method", "method_params", "temperature", "top_p", "top_k",
+              "max_new_tokens", "device_name", "device", "attn_implementation", "dtype", "batch_size")
 QUALITY_COLUMNS = ("rouge1", "rouge2", "rougeL", "accuracy", "pass")
 
 
@@ -139,7 +115,8 @@ def _group_stats(g: pd.DataFrame) -> dict:
         "tau_std": spread.std(list(repeats["new_tokens"] / repeats["steps"])) if repeats is not None else math.nan,
         "mean_accepted": float(accepted.mean()) if decode_steps else math.nan,
         "acceptance_length": 1 + float(accepted.mean()) if decode_steps else math.nan,
-        "acceptance_rate": float(accepted.sum()) / drafted if drafted and drafted == drafted else math.nan,
+        "acceptance_rate": (float(accepted.sum()) / drafted if drafted and drafted == drafted
+                            else _totals_rate(g) if "drafted_by_source" in g.columns else math.nan),
         "mac_tp": mac_tp(tokens, times),
         "mic_tp": mic_tp(tokens, times),
         "wall_s": float(g["wall_s"].sum()),
@@ -156,6 +133,11 @@ def _group_stats(g: pd.DataFrame) -> dict:
         if col in g.columns:
             stats[col] = float(pd.to_numeric(g[col], errors="coerce").mean())
     return stats
+
+
+def _totals_rate(g: pd.DataFrame) -> float:  # rows without per-step lists (a peer engine's): their totals
+    drafted = sum(_counts(g["drafted_by_source"]).values())
+    return sum(_counts(g["accepted_by_source"]).values()) / drafted if drafted else math.nan
 
 
 def _serving_stats(g: pd.DataFrame) -> dict:
@@ -184,7 +166,8 @@ def _serving_stats(g: pd.DataFrame) -> dict:
 def _throughput_speedups(res: pd.DataFrame, group_keys: list[str], baseline_method: str) -> pd.Series:
     """Each summary row's throughput over its baseline's (the baseline's row of the same keys but the method)."""
     keys = [k for k in group_keys if k not in ("preset", "method", "method_params")]
-    base = res[res["method"] == baseline_method].set_index(keys)["throughput"] if keys else None
+    is_base = (res["method"] == baseline_method) | (res["method"] == res["engine"] + ENGINE_BASELINE)
+    base = res[is_base].set_index(keys)["throughput"] if keys else None
     if base is None or base.index.has_duplicates:
         return pd.Series(math.nan, index=res.index)
     index = pd.MultiIndex.from_frame(res[keys]) if len(keys) > 1 else pd.Index(res[keys[0]])
@@ -269,13 +252,15 @@ def summarize(df: pd.DataFrame, baseline_method: str = BASELINE, same_job: bool 
         df["repeat"] = 0
     df["repeat"] = df["repeat"].fillna(0).astype(int)
     df["batch_size"] = df["batch_size"].fillna(1).astype(int) if "batch_size" in df.columns else 1
+    df["engine"] = df["engine"].fillna("").astype(str) if "engine" in df.columns else ""
     group_keys = [k for k in GROUP_KEYS if k in df.columns]
     join_keys = [k for k in JOIN_KEYS if k in df.columns] + ["repeat"]
     if same_job:
         if "config_hash" not in df.columns:
             raise ValueError("summarize(same_job=True) needs a config_hash column")
         join_keys.append("config_hash")
-    base = df[df["method"] == baseline_method]
+    is_base = (df["method"] == baseline_method) | ((df["engine"] != "") & (df["method"] == df["engine"] + ENGINE_BASELINE))
+    base = df[is_base]
     base = (
         base.groupby(join_keys, dropna=False, sort=False)
         .agg(
@@ -293,7 +278,7 @@ def summarize(df: pd.DataFrame, baseline_method: str = BASELINE, same_job: bool 
         paired = g.merge(base, on=join_keys, how="inner")
         per_prompt.append(paired.groupby("sample_id", sort=False)[list(_PAIR_COLUMNS.values())].sum())
         rec["n_paired"] = len(paired)
-        if rec["method"] == baseline_method:
+        if rec["method"] in (baseline_method, rec["engine"] + ENGINE_BASELINE):
             rec.update(speedup=1.0, speedup_lo=math.nan, speedup_hi=math.nan, speedup_std=math.nan,
                        speedup_wall=1.0, verdict="")
         else:
@@ -326,12 +311,12 @@ def _limits(res: pd.DataFrame, per_prompt: list[pd.DataFrame], group_keys: list[
             ) -> pd.DataFrame:
     """``limit``: each row's speedup ÷ that of the :data:`ORACLE` row of the same keys (model, dataset, sampling,
     device, dtype, …), ``limit_lo``/``limit_hi`` its paired bootstrap over the prompts both ran; NaN without one."""
-    keys = [k for k in group_keys if k not in ("preset", "method", "method_params")]
+    keys = [k for k in group_keys if k not in ("preset", "method", "method_params", "engine")]
     res = res.assign(limit=math.nan, limit_lo=math.nan, limit_hi=math.nan)
     oracles = {tuple(str(r[k]) for k in keys): i for i, r in res.iterrows() if r["method"] == ORACLE}
     for i, r in res.iterrows():
         o = oracles.get(tuple(str(r[k]) for k in keys))
-        if o is None or r["method"] == baseline_method or not res.at[o, "speedup"] > 0:
+        if o is None or r["method"] in (baseline_method, r["engine"] + ENGINE_BASELINE) or not res.at[o, "speedup"] > 0:
             continue
         common = per_prompt[i].index.intersection(per_prompt[o].index)
         mine, best = ({k: p.loc[common, c] for k, c in _PAIR_COLUMNS.items()} for p in (per_prompt[i], per_prompt[o]))

@@ -38,8 +38,10 @@ LEGEND = {
     "draft ms/step": "the drafter's own milliseconds per decode step (proposing and updating)",
     "paper": "the SPECTRA paper's speedup and τ for this model, method, dataset and temperature (Table 1)",
     "quality": "rouge1, rouge2, rougeL (summaries), accuracy (GSM8K), pass (code): means over generations",
+    "engine rows": "llama.cpp:<type>: an external engine (llama.cpp's server, engines=) on the same weights and "
+                   "prompts; its speedup is over llama.cpp:ar, its own autoregressive run; its greedy match too",
 }
-COLUMNS = tuple(k for k in LEGEND if k != "quality")
+COLUMNS = tuple(k for k in LEGEND if k not in ("quality", "engine rows"))
 
 
 def _rate(g: pd.DataFrame) -> tuple[float, float, float]:
@@ -70,7 +72,7 @@ def summary_frame(df: pd.DataFrame, published: Callable[[dict], tuple[float, flo
         key = tuple(r[k] for k in keys)
         rate, lo, hi = rates.get(key, (math.nan, math.nan, math.nan))
         row = {k: r[k] for k in keys}
-        row.update(method=r["method"], prompts=int(r["n_prompts"]), gens=int(r["n_samples"]),
+        row.update(method=r["method"], engine=r.get("engine", ""), prompts=int(r["n_prompts"]), gens=int(r["n_samples"]),
                    speedup=r["speedup"], speedup_lo=r["speedup_lo"], speedup_hi=r["speedup_hi"],
                    speedup_std=r["speedup_std"], verdict=r["verdict"] if r["method"] != BASELINE else "",
                    limit=r["limit"], limit_lo=r["limit_lo"], limit_hi=r["limit_hi"],
@@ -119,7 +121,8 @@ def format_summary(summary: pd.DataFrame, legend: bool = True) -> str:
         return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
 
     text = "\n".join([render(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(render, lines)])
-    named = [h for h in header if h in LEGEND] + (["quality"] if quality else [])
+    engines = "engine" in summary.columns and (summary["engine"].fillna("") != "").any()
+    named = [h for h in header if h in LEGEND] + (["quality"] if quality else []) + (["engine rows"] if engines else [])
     return text + ("\n\n" + format_legend(named) if legend else "")
 
 

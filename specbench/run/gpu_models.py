@@ -17,9 +17,9 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from methods.registry import build_method_config, get_method, method_names
+from specbench.budget.costs import CostModel
 from specbench.core.acceptance import SamplingParams
 from specbench.core.attention import fold_gqa
-from specbench.budget.costs import CostModel
 from specbench.core.decode import References
 from specbench.core.draft import Drafter, DrafterContext
 from specbench.core.forward import Target

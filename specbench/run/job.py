@@ -58,6 +58,12 @@ class Job:
     config_hash: str
     results_dir: str
     replay: str | None = None  # budget=replay: the recorded run's results folder
+    engines: tuple[str, ...] = ()  # peer engines' rows (llama.cpp:ar first), each sample decoded by them too
+
+    @property
+    def rows(self) -> list[str]:
+        """Every row name a sample is measured with: the methods, then the peer engines'."""
+        return self.methods + list(self.engines)
 
     @property
     def methods(self) -> list[str]:
@@ -173,7 +179,30 @@ def plan(cfg: DictConfig) -> Job:
         config_hash=hash_config(cfg),
         results_dir=str(cfg.results_dir),
         replay=str(cfg.replay) if cfg.get("replay") else None,
+        engines=engine_rows(cfg),
     )
+
+
+def engine_rows(cfg: DictConfig) -> tuple[str, ...]:
+    """``engines=[llama.cpp:<spec type>, …]`` checked (greedy, one request at a time, the server built) as the
+    rows they add: ``llama.cpp:ar`` first, the engine's own baseline."""
+    asked = [str(e) for e in (cfg.get("engines") or [])]
+    if not asked:
+        return ()
+    from specbench.peers import llamacpp
+
+    kinds = ["ar", *[k for k in llamacpp.SPEC_TYPES if k != "none"]]
+    for name in asked:
+        engine, _, kind = name.partition(":")
+        if engine != llamacpp.ENGINE or kind not in kinds:
+            raise ConfigError(f"engines: {name!r} is not a peer engine row: use {llamacpp.ENGINE}:<type>, a type "
+                              f"of {', '.join(kinds)}")
+    if float(cfg.temperature or 0) > 0 or batch_size(cfg) > 1:
+        raise ConfigError("engines= runs the peer engines greedily, one request at a time: use temperature=0 and "
+                          "batch_size=1")
+    llamacpp.require_server()
+    ar = f"{llamacpp.ENGINE}:ar"
+    return (ar, *dict.fromkeys(n for n in asked if n != ar))
 
 
 def _warn_device_fit(cfg: DictConfig) -> None:
@@ -206,6 +235,8 @@ def hash_config(cfg: DictConfig) -> str:
         plain.pop(key, None)
     if (plain.get("batch_size") or 1) == 1:  # batch 1 hashes as every run made before batches existed
         plain.pop("batch_size", None)
+    if not plain.get("engines"):  # no peer engine: as every run made before engines existed
+        plain.pop("engines", None)
     return config_hash({**plain, "results_version": RESULTS_VERSION})
 
 

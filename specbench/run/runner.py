@@ -40,6 +40,7 @@ from specbench.results.rows import ResultWriter, load_results, make_row
 from specbench.results.summary import format_summary, summary_frame
 from specbench.results.table import stores_read
 from specbench.run import batched
+from specbench.run.engines import PeerRows
 from specbench.run.job import Job, in_multirun, plan
 
 
@@ -67,7 +68,7 @@ def execute(job: Job) -> Any:
 
     done = writer.done_keys()
     keys = [(s.sample_id, t, name, r) for r in range(job.repeats) for s in selected
-            for name in job.methods for t in range(len(s.turns))]
+            for name in job.rows for t in range(len(s.turns))]
     n_gen, n_done = len(keys), sum(k in done for k in keys)
     if n_done:
         print(f"resuming {job.folder}: {n_done} of {n_gen} generations already recorded", file=sys.stderr)
@@ -75,15 +76,18 @@ def execute(job: Job) -> Any:
         m.warm_up()
     bar = tqdm(total=n_gen, initial=n_done, unit="gen", disable=not job.progress, file=sys.stderr,
                desc=f"{job.preset} on {job.dataset.name}" + (f" ×{job.repeats}" if job.repeats > 1 else ""))
-    for repeat in range(job.repeats):
-        m.new_repeat()
-        if job.batch_size > 1:  # each method over every sample, batched; which goes first alternates by repeat
-            for name in job.methods if repeat % 2 == 0 else job.methods[::-1]:
-                batched.measure(m, name, selected, repeat, bar, done)
-            continue
-        for i, sample in enumerate(selected):
-            for name in job.methods if (i + repeat) % 2 == 0 else job.methods[::-1]:
-                m.measure_sample(name, sample, repeat, bar, done)
+    try:
+        for repeat in range(job.repeats):
+            m.new_repeat()
+            if job.batch_size > 1:  # each method over every sample, batched; which goes first alternates by repeat
+                for name in job.methods if repeat % 2 == 0 else job.methods[::-1]:
+                    batched.measure(m, name, selected, repeat, bar, done)
+                continue
+            for i, sample in enumerate(selected):
+                for name in job.rows if (i + repeat) % 2 == 0 else job.rows[::-1]:
+                    m.measure_sample(name, sample, repeat, bar, done)
+    finally:
+        m.close()  # peer engines' servers: never left running
     bar.close()
     if writer.found_from_others:
         print(f"{writer.found_from_others} generations were recorded by another job of this run and skipped",
@@ -148,6 +152,9 @@ class Measurement:
             name: dataclasses.asdict(d.config) if dataclasses.is_dataclass(d.config) else {}
             for name, d in self.drafters.items()
         }
+        self.peers = PeerRows(job.engines, loaded)  # engines=: their servers, started at their first use
+        self.columns.update(self.peers.columns)
+        self.params.update(self.peers.params)
         self.calibration = None  # drafting's cost measured in the warm-up (budget=auto)
         self.budgets = self._new_budgets()
         self.replayed: dict[tuple, list] = {}
@@ -214,6 +221,8 @@ class Measurement:
                     if self.drafters[name].needs_reference:  # its reference generated before the timed span
                         self.drafters[name].context.reference(warm)
                     self.generate(name, warm, tokens, self.generator("warmup", 0, 0))
+        for name in self.job.engines:  # each server's first request, not recorded
+            self.peers.generate(name, warm, tokens)
         if self.job.method in self.budgets:
             self.calibration = self.budgets[self.job.method].drafting
             if self.job.budget == "static":
@@ -235,6 +244,9 @@ class Measurement:
         self.columns[self.job.method]["drafting_table"] = str(path)
         return stored
 
+    def close(self) -> None:
+        self.peers.close()
+
     def generator(self, sample_id: str, turn: int, repeat: int) -> torch.Generator:
         return _generator(self.job.seed, sample_id, turn, repeat)
 
@@ -246,7 +258,9 @@ class Measurement:
 
     def measure_sample(self, name: str, sample: datasets_.Sample, repeat: int, bar: Any, done: set) -> None:
         """Every turn of ``sample`` with one method; a turn already recorded gives its text to the next."""
-        self.drafters[name].begin_sample()
+        engine = name in self.job.engines
+        if not engine:
+            self.drafters[name].begin_sample()
         planner, category = self.budgets.get(name), sample.meta.get("category")
         if planner is not None and category != self.categories.get(name, category):
             planner.new_category()  # acceptance learned afresh: a category's figures never depend on the order
@@ -258,12 +272,13 @@ class Measurement:
                 if len(answers) == turn:  # skipped: the sample ends here
                     break
                 continue
-            if self.drafters[name].needs_reference:  # the oracle: this prompt's autoregressive output, untimed
+            if not engine and self.drafters[name].needs_reference:  # the oracle: this prompt's AR output, untimed
                 self.drafters[name].context.reference(ids)
             t0 = time.perf_counter()
             self.target.reset_peak_memory()
-            rec = self.generate(name, ids, self.max_new(ids), self.generator(sample.sample_id, turn, repeat),
-                                key=(sample.sample_id, turn, repeat))
+            rec = (self.peers.generate(name, ids, self.max_new(ids)) if engine else
+                   self.generate(name, ids, self.max_new(ids), self.generator(sample.sample_id, turn, repeat),
+                                 key=(sample.sample_id, turn, repeat)))
             if name == BASELINE and not self.job.sampling.temperature:
                 self.drafters[name].context.reference.add(ids, rec.output_ids)
             answers.append(self.write(name, sample, turn, repeat, rec, self.target.peak_memory_gb()))
