@@ -32,7 +32,7 @@ from specbench.errors import DatasetUnavailableError, UnknownNameError, suggest
 from specbench.paths import setting
 
 from .base import DatasetDef, Sample, SampleSkipped
-from .chat import MTBench, Prompts, SpecBench
+from .chat import CodeEdits, MTBench, Prompts, SpecBench
 from .coding import MBPP, ClassEval, HumanEval
 from .gsm8k import GSM8K
 from .quality import mean_scores, rouge
@@ -66,7 +66,7 @@ def register_dataset(definition: DatasetDef | type[DatasetDef]) -> DatasetDef:
     return instance
 
 
-for _cls in (MTBench, GSM8K, HumanEval, MBPP, ClassEval, CNNDailyMail, XSum, SpecBench, Prompts):
+for _cls in (MTBench, GSM8K, HumanEval, MBPP, ClassEval, CNNDailyMail, XSum, SpecBench, Prompts, CodeEdits):
     register_dataset(_cls)
 
 

@@ -170,3 +170,21 @@ class Prompts(DatasetDef):
 
     def to_sample(self, record: dict, index: int, cfg: Any) -> Sample:
         return Sample(sample_id=record["id"], turns=list(record["turns"]))
+
+
+class CodeEdits(Prompts):
+    """Eight code-editing requests shipped with the package (``data/samples/code_edits.jsonl``): a module of 15-25
+    lines and an edit (rename, type hints, a bug fix, logging, a dataclass, an extracted helper, docstrings,
+    pathlib), the whole edited code asked back. The output copies most of its input, the case prompt lookup
+    and llama.cpp's n-gram drafters are built for; written for this harness, so no model was trained on them."""
+
+    name = "code_edits"
+    default_max_new_tokens = 256
+    n_turns = 1
+
+    def builtin_records(self) -> list[dict]:
+        import json
+        from importlib.resources import files
+
+        text = files("specbench.data").joinpath("samples", "code_edits.jsonl").read_text(encoding="utf-8")
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
