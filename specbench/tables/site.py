@@ -35,13 +35,13 @@ from specbench.tables.paper import load_paper
 from specbench.tables.spec_bench import load_leaderboard
 
 ASSETS = Path(__file__).with_name("site_assets")
-ROW_KEYS = ("model", "paper_model", "preset", "method", "variant", "temperature", "batch_size")
+ROW_KEYS = ("model", "paper_model", "preset", "engine", "method", "variant", "temperature", "batch_size")
 COLUMN_KEYS = ("dataset", "metric")
 FILTERS = ("model", "method", "dataset", "temperature")
 MAX_GENERATIONS = 400  # generations shown (the first of each run, sample and turn first)
 RUN_FIELDS = ("experiment", "model", "preset", "dataset", "temperature", "dtype", "device_name", "gpu_count",
               "torch_version", "transformers_version", "specbench_version", "git_commit", "config_hash",
-              "budget", "datastore", "datastore_fingerprint", "head", "batch_size")
+              "budget", "datastore", "datastore_fingerprint", "head", "batch_size", "engine", "engine_command")
 
 
 def _clean(value: Any) -> Any:

@@ -58,6 +58,8 @@ def long_form(summary: pd.DataFrame) -> pd.DataFrame:
     records = []
     for r in summary.to_dict("records"):
         keys = {k: r[k] for k in ("model", "preset", "method", "temperature", "batch_size") if k in r}
+        if r.get("engine"):  # an external engine's row (llama.cpp): marked as such
+            keys["engine"] = r["engine"]
         for label, col, lo, hi in METRICS:
             if label == "limit" and not r.get("limit", math.nan) == r.get("limit", math.nan):
                 continue  # no oracle ran beside it

@@ -12,6 +12,7 @@ from specbench.results.metrics import summarize
 from specbench.results.rows import load_results
 from specbench.run.job import hash_config
 from specbench.run.runner import run
+from specbench.tables.site import build_tables
 from tests.peers.test_peer_parts import alive, fake, seen  # noqa: F401  (fake: a fixture)
 from tests.run.test_runner import cfg_for
 
@@ -38,6 +39,9 @@ def test_engine_rows_sit_beside_ours_and_pair_with_the_engines_own_autoregressiv
     assert ngram.acceptance_rate == pytest.approx(4 / 6) and ngram.tau == pytest.approx(2.0)
     assert s.loc["llama.cpp:ar", "speedup"] == 1.0 and s.loc["pld", "n_paired"] == len(df[df.method == "pld"])
     assert not alive(seen(served)["pid"])  # the job stopped its servers
+    view = next(v for v in build_tables(tmp_path / "r") if v["name"] == "summary")  # the site marks them
+    marked = {r["keys"]["preset"] for r in view["rows"] if r["keys"].get("engine") == "llama.cpp"}
+    assert "engine" in view["row_keys"] and marked == {"llama.cpp:ar", "llama.cpp:ngram-simple"}
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
