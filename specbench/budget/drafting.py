@@ -1,7 +1,9 @@
 """What a drafter's own work costs a step: seconds against the depth and top-k it drafts, and a stopped step's.
 
-A step's drafting (an EAGLE head's levels, a draft model's chain, a lookup) is modelled as a + b·d + c·d·w
-seconds for depth d and top-k w (w = 0 for a drafter without one), a least-squares fit through the steps
+A step's drafting (an EAGLE head's levels, a draft model's chain, a lookup) is modelled as a + b·d + c·d·w + e·p
+seconds for depth d, top-k w (w = 0 for a drafter without one) and p tokens committed by plain steps since the
+drafter last drafted (an EAGLE head catches up on them first; 0 while it drafts every step, so a drafter that
+never pauses fits e = 0: a minimum-norm fit leaves a column of zeros out), a least-squares fit through the steps
 measured, each weighing as much as the last :data:`WINDOW` together (so the fit follows a machine's drift);
 a step that drafts nothing costs ``stopped`` (the drafter's update and the loop's bookkeeping), priced in the
 plain option. Under ``budget=auto`` the fit starts from the warm-up's measurement and goes on learning from the
@@ -29,16 +31,17 @@ class DraftingCost:
         self.deepest = self.widest = 0  # the deepest depth and widest top-k measured
         self.stopped = 0.0  # seconds of a step that drafted nothing (running mean)
         self._stops = 0
-        self._xx, self._xy = np.zeros((3, 3)), np.zeros(3)  # weighted means of x xᵀ and x·s, x = (1, d, d·w)
-        self.coef = np.zeros(3)
+        self._xx, self._xy = np.zeros((4, 4)), np.zeros(4)  # weighted means of x xᵀ and x·s, x = (1, d, d·w, p)
+        self.coef = np.zeros(4)
 
-    def __call__(self, depth: int, width: int | None = None) -> float:
+    def __call__(self, depth: int, width: int | None = None, behind: int = 0) -> float:
         if depth <= 0:
             return self.stopped
-        return max(float(self.coef @ (1.0, depth, depth * (width or 0))), 0.0)
+        return max(float(self.coef @ (1.0, depth, depth * (width or 0), behind)), 0.0)
 
-    def observe(self, depth: int, width: int | None, seconds: float) -> None:
-        """A step drafted to ``depth`` at top-k ``width`` (0 or None: none) in ``seconds`` (depth 0: stopped)."""
+    def observe(self, depth: int, width: int | None, seconds: float, behind: int = 0) -> None:
+        """A step drafted to ``depth`` at top-k ``width`` (0 or None: none) in ``seconds`` (depth 0: stopped), with
+        ``behind`` tokens committed by plain steps since the drafter last drafted."""
         if self.frozen:
             return
         if depth <= 0:
@@ -47,7 +50,7 @@ class DraftingCost:
             return
         self.points += 1
         self.deepest, self.widest = max(self.deepest, depth), max(self.widest, width or 0)
-        x = np.array([1.0, depth, depth * (width or 0)])
+        x = np.array([1.0, depth, depth * (width or 0), behind])
         v = max(1 / WINDOW, 1 / self.points)
         self._xx += v * (np.outer(x, x) - self._xx)
         self._xy += v * (x * seconds - self._xy)
@@ -66,10 +69,12 @@ class DraftingCost:
     @classmethod
     def from_dict(cls, d: dict[str, Any], frozen: bool = False) -> DraftingCost:
         out = cls(frozen)
-        out.coef, out.stopped = np.array(d["coef"], dtype=float), float(d["stopped"])
+        n = len(out.coef)  # tables stored before p was a column have three: p's are zeros
+        out.coef[:len(d["coef"])], out.stopped = d["coef"], float(d["stopped"])
         out.points, out._stops = int(d.get("points", 0)), int(d.get("stops", 0))
         out.deepest, out.widest = int(d.get("deepest", 0)), int(d.get("widest", 0))
-        out._xx, out._xy = np.array(d.get("xx", np.zeros((3, 3)))), np.array(d.get("xy", np.zeros(3)))
+        xx, xy = np.array(d.get("xx", np.zeros((n, n)))), np.array(d.get("xy", np.zeros(n)))
+        out._xx[:len(xx), :len(xx)], out._xy[:len(xy)] = xx, xy
         return out
 
 

@@ -120,6 +120,7 @@ class AutoBudget:
         self.options: dict[tuple[int, int, int], list[float]] = {}
         self.deepest = self.top_k = self.pool = 0  # the method's own depth, top-k and pool width, as drafted
         self.regret = self.elapsed = 0.0  # in plain steps' worth of modelled time
+        self.behind = 0  # tokens committed by plain steps since the drafter last drafted (it catches up on them)
         self.skipped = 0  # steps since the method's own draft
         self.explored = 0.0  # plain steps' worth the explorations lost since the rule last took its own draft
         self.why: list[str] = []  # per step (WHY)
@@ -168,12 +169,13 @@ class AutoBudget:
         if self.why and self.why[-1] == "plain" and self.skipped < wait and self.regret + self._need > self.allowance():
             return plain, "plain"  # nothing learned since, and no more room: plain until the next exploration
         if not self.options:  # nothing measured: the method's own draft, if drafting it cannot break the cap
-            own_cost = self.drafting(self.deepest or self.drafting.deepest or 1, self.top_k or self.drafting.widest)
+            own_cost = self.drafting(self.deepest or self.drafting.deepest or 1, self.top_k or self.drafting.widest,
+                                     self.behind)
             first = self._fits(t1 + SPIKE * own_cost, t1)
             return (own, "first") if first else (plain, "plain")
         best, top, self._need = None, (1.0 / (t1 + self.drafting.stopped),), float("inf")
         for (d, w, a), (_, accepted, guesses, aux) in self.options.items():
-            seconds = self.cost(1 + aux + guesses, self._context) + self.drafting(d, w)
+            seconds = self.cost(1 + aux + guesses, self._context) + self.drafting(d, w, self.behind)
             rank = ((1 + accepted) / seconds, a, d, w)  # ties: the wider pool, then the deeper draft
             if rank > top:
                 loss = (seconds - (1 + accepted) * t1) / t1  # expected: below 0 for an option that pays
@@ -183,7 +185,8 @@ class AutoBudget:
                     self._need = min(self._need, loss)
         whole = self.options.get((self.deepest, self.top_k, self.pool))
         if (self.skipped >= wait and best != (self.deepest, self.top_k, self.pool) and whole and self._fits(
-                self.cost(1 + whole[2] + whole[3], self._context) + SPIKE * self.drafting(self.deepest, self.top_k), t1)):
+                self.cost(1 + whole[2] + whole[3], self._context) + SPIKE * self.drafting(self.deepest, self.top_k,
+                                                                                         self.behind), t1)):
             self.skipped = 0
             return own, "explored"
         if best is None:
@@ -207,7 +210,7 @@ class AutoBudget:
 
     def _spent(self) -> float:
         """The step's drafting seconds as the model prices them."""
-        return self.drafting(*self._drafted) if self._caps[0] != 0 else self.drafting.stopped
+        return self.drafting(*self._drafted, self.behind) if self._caps[0] != 0 else self.drafting.stopped
 
     def choose(self, draft: Draft, tokens: list[int]) -> tuple[int, list[int], list[float]]:
         """This step's pool width, the guesses to keep and their scores; :meth:`settle` closes the step. Every
@@ -264,8 +267,9 @@ class AutoBudget:
         forward = self.cost(1 + len(draft) + draft.n_aux, self._context)
         drafted = self._caps[0] != 0
         if not self.drafting.frozen:
-            self.drafting.observe(self._drafted[0] if drafted else 0, self._drafted[1], draft_s)
+            self.drafting.observe(self._drafted[0] if drafted else 0, self._drafted[1], draft_s, self.behind)
         spent = self._spent() if self.static else draft_s
+        self.behind = 0 if drafted else self.behind + 1 + len(accepted_nodes)
         self.elapsed += (forward + spent) / t1
         if drafted:
             loss = (forward + spent - (1 + len(accepted_nodes)) * t1) / t1
@@ -325,3 +329,4 @@ class AutoBudget:
         """The generation ended with ``tokens``: count what can still be judged, forget the rest."""
         self._resolve(tokens, final=True)
         self._pending = []
+        self.behind = 0  # the next generation's drafter starts from its prompt

@@ -106,8 +106,48 @@ def test_the_warm_up_measures_what_drafting_costs():
     warm = AutoBudget(CPU, calibrating=True)
     simulate(warm, 16, 0.5, clock, depth=4, top_k=4, rank=lambda rng: 0)
     fit = warm.drafting
-    assert fit.coef == pytest.approx([0.001, 0.002, 0.0005], abs=1e-9) and fit.stopped == pytest.approx(0.0003)
+    assert fit.coef == pytest.approx([0.001, 0.002, 0.0005, 0.0], abs=1e-9) and fit.stopped == pytest.approx(0.0003)
     assert set(warm.why) == {"calibrating"} and warm.elapsed > 16  # it decides nothing, but counts the time
+
+
+def catching_up_clock(base: float = 0.001, per_level: float = 0.002, per_token: float = 0.00005):
+    """A head that catches up: each drafting step also pays ``per_token`` for every token the plain steps since
+    it last drafted committed (one each); ``clock.drafted``: the seconds of each step that drafted."""
+    behind = [0]
+
+    def clock(step: int, depth: int, top_k: int = 0) -> float:
+        if not depth:
+            behind[0] += 1
+            return 0.0001
+        seconds, behind[0] = base + per_level * depth + per_token * behind[0], 0
+        clock.drafted.append(seconds)
+        return seconds
+    clock.drafted = []
+    return clock
+
+
+def test_a_heads_catching_up_after_a_pause_is_priced():
+    """Guesses never right, so the head drafts only to explore, after ever longer pauses, and each exploration
+    pays 0.05 ms for every token since: the fit learns that price, each exploration's predicted drafting seconds
+    meet the measured ones, and the regret stays within the allowance."""
+    clock = catching_up_clock()
+    planner = calibrated(clock)
+    clock.drafted.clear()
+    predicted, plan = [], planner.plan
+
+    def watched(draft, tokens):  # what the planner expects each drafting step's drafting to take
+        out = plan(draft, tokens)
+        if planner.why[-1] != "plain":
+            predicted.append(planner.last_prediction[1] - planner.cost(1 + len(out) + out.n_aux, len(tokens)))
+        return out
+
+    planner.plan = watched
+    result = simulate(planner, 4000, 0.0, clock)
+    assert planner.drafting.coef[3] == pytest.approx(0.00005, rel=0.05)
+    assert Counter(planner.why)["explored"] >= 3 and len(predicted) == len(clock.drafted)
+    assert predicted[-1] == pytest.approx(clock.drafted[-1], rel=0.05)  # after a pause of hundreds of tokens
+    assert clock.drafted[-1] > 2 * (0.001 + 0.002 * 5)  # more than twice what drafting right after a draft costs
+    assert max(result.over) <= 0.0
 
 
 def test_auto_follows_a_30_percent_drift_in_drafting_cost():
