@@ -341,8 +341,16 @@ def peer_servers(args, loaded, dtype: str) -> list:
 
     gguf = llamacpp.gguf_for(loaded.model, loaded.tokenizer, args.model, dtype)
     context = min(loaded.context_length, 8192)
-    return [(f"llama.cpp:{'ar' if kind == 'none' else kind}", llamacpp.LlamaServer(gguf, kind, context=context))
-            for kind in ("none", *[k for k in args.engine_types if k != "none"])]
+    rows = [(f"llama.cpp:{'ar' if kind == 'none' else kind}", llamacpp.LlamaServer(gguf, kind, context=context))
+            for kind in ("none", *[k for k in args.engine_types if k not in ("none", "draft-simple")])]
+    if args.engine_draft:
+        from specbench.models import load_draft
+
+        draft = load_draft(args.engine_draft, dtype, OmegaConf.load(CONF_DIR / "hardware" / "cpu.yaml"))
+        md = llamacpp.gguf_for(draft.model, draft.tokenizer, args.engine_draft, dtype)
+        rows.append(("llama.cpp:draft-simple", llamacpp.LlamaServer(gguf, "draft-simple", context=context,
+                                                                    extra=("-md", str(md)))))
+    return rows
 
 
 def main() -> None:
@@ -365,6 +373,8 @@ def main() -> None:
                     "(make peers builds llama.cpp's server)")
     ap.add_argument("--engine-types", nargs="+", default=list(ENGINE_TYPES),
                     help="llama.cpp's speculative types (--spec-type) run as rows")
+    ap.add_argument("--engine-draft", help="a model preset of the same tokenizer: adds llama.cpp:draft-simple, "
+                    "drafting with its GGUF")
     ap.add_argument("--stores", nargs="*", default=[], help="DATASET=STORE: the store retrieval presets read")
     ap.add_argument("--remeasure", action="store_true",
                     help="measure the cost curve anew (and cache it): a curve measured while the machine ran at "

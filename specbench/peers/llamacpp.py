@@ -40,7 +40,7 @@ from specbench.paths import cache_root
 
 VERSION = "0.3.36"  # llama-cpp-python's sdist: vendor/llama.cpp is the engine measured
 ENGINE = "llama.cpp"
-SPEC_TYPES = ("none", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
+SPEC_TYPES = ("none", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache", "draft-simple")
 GGUF_TYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 START_TIMEOUT = 120.0  # seconds a server may take to load the model and answer /health
 

@@ -22,9 +22,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from methods.registry import get_method
 from specbench import data as datasets_
 from specbench.core.acceptance import SamplingParams
-from specbench.errors import ConfigError
+from specbench.errors import ConfigError, suggest
 from specbench.models import check_weights, resolve_hardware
-from specbench.paths import CONF_DIR
+from specbench.paths import CONF_DIR, conf_choices
 from specbench.provenance import config_hash
 from specbench.results.metrics import BASELINE
 from specbench.results.rows import run_dir_path, run_file_path, run_name
@@ -59,6 +59,7 @@ class Job:
     results_dir: str
     replay: str | None = None  # budget=replay: the recorded run's results folder
     engines: tuple[str, ...] = ()  # peer engines' rows (llama.cpp:ar first), each sample decoded by them too
+    engine_draft: str | None = None  # llama.cpp:draft-simple's draft model preset
 
     @property
     def rows(self) -> list[str]:
@@ -180,6 +181,7 @@ def plan(cfg: DictConfig) -> Job:
         results_dir=str(cfg.results_dir),
         replay=str(cfg.replay) if cfg.get("replay") else None,
         engines=engine_rows(cfg),
+        engine_draft=str(cfg.engine_draft) if cfg.get("engine_draft") else None,
     )
 
 
@@ -200,6 +202,13 @@ def engine_rows(cfg: DictConfig) -> tuple[str, ...]:
     if float(cfg.temperature or 0) > 0 or batch_size(cfg) > 1:
         raise ConfigError("engines= runs the peer engines greedily, one request at a time: use temperature=0 and "
                           "batch_size=1")
+    if f"{llamacpp.ENGINE}:draft-simple" in asked:
+        draft = cfg.get("engine_draft")
+        if not draft:
+            raise ConfigError("llama.cpp:draft-simple drafts with a smaller model of the same tokenizer: name its "
+                              "preset with engine_draft=<model>")
+        if str(draft) not in conf_choices("model"):
+            raise ConfigError(suggest("engine_draft model", str(draft), conf_choices("model")))
     llamacpp.require_server()
     ar = f"{llamacpp.ENGINE}:ar"
     return (ar, *dict.fromkeys(n for n in asked if n != ar))
@@ -237,6 +246,8 @@ def hash_config(cfg: DictConfig) -> str:
         plain.pop("batch_size", None)
     if not plain.get("engines"):  # no peer engine: as every run made before engines existed
         plain.pop("engines", None)
+    if not plain.get("engine_draft"):
+        plain.pop("engine_draft", None)
     return config_hash({**plain, "results_version": RESULTS_VERSION})
 
 

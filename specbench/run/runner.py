@@ -152,7 +152,7 @@ class Measurement:
             name: dataclasses.asdict(d.config) if dataclasses.is_dataclass(d.config) else {}
             for name, d in self.drafters.items()
         }
-        self.peers = PeerRows(job.engines, loaded)  # engines=: their servers, started at their first use
+        self.peers = PeerRows(job.engines, loaded, job.engine_draft, job.hardware)  # engines=: their servers, started at their first use
         self.columns.update(self.peers.columns)
         self.params.update(self.peers.params)
         self.calibration = None  # drafting's cost measured in the warm-up (budget=auto)

@@ -44,7 +44,22 @@ def test_engine_rows_sit_beside_ours_and_pair_with_the_engines_own_autoregressiv
     assert "engine" in view["row_keys"] and marked == {"llama.cpp:ar", "llama.cpp:ngram-simple"}
 
 
+def test_a_draft_model_row_serves_the_drafts_gguf_beside_the_targets(served, tmp_path, monkeypatch):
+    written = []
+    monkeypatch.setattr(llamacpp, "gguf_for", lambda model, tok, name, dtype: written.append(name) or
+                        tmp_path / f"{name}.gguf")
+    run(cfg_for(tmp_path / "r", "method=pld", "engines=[llama.cpp:draft-simple]", "engine_draft=tiny-gemma3",
+                "limit=1", "max_new_tokens=6"))
+    args = seen(served)["args"]
+    assert args[args.index("--spec-type") + 1] == "draft-simple"
+    assert args[args.index("-md") + 1] == str(tmp_path / "tiny-gemma3.gguf") and "tiny-gemma3" in written
+    rows = load_results(tmp_path / "r")
+    assert set(rows[rows.method == "llama.cpp:draft-simple"].engine_draft) == {"tiny-gemma3"}
+
+
 @pytest.mark.parametrize(("overrides", "message"), [
+    (["engines=[llama.cpp:draft-simple]"], "engine_draft=<model>"),
+    (["engines=[llama.cpp:draft-simple]", "engine_draft=tiny-lama"], "did you mean"),
     (["engines=[llama.cpp:bogus]"], "not a peer engine row"),
     (["engines=[vllm:ar]"], "not a peer engine row"),
     (["engines=[llama.cpp:ngram-mod]", "temperature=1"], "greedily"),
