@@ -137,6 +137,7 @@ class Tally:
         self.modelled_s = 0.0  # decode time as auto plans it: Σ t(1 + guesses + aux, context) + drafting's seconds
         self.runs: list[tuple[int, int, int, float]] = []  # (prompt, repeat, tokens, seconds) of each generation
         self.drafted = self.accepted = 0  # a peer engine's guesses drafted and accepted (its own counts)
+        self.same_as_ours = 0  # a peer engine's autoregressive outputs equal to ours
 
     def add(self, rec, seconds: float, same: bool, cost: CostModel | None = None, prompt: int = 0,
             repeat: int = 0) -> None:
@@ -288,6 +289,8 @@ def bench(loaded, prompts, presets: list[str], max_new: int, run_cfg=None, store
             for name, (out, rec, seconds) in outs.items():
                 own = outs[engine_baseline(name)][0] if name in engines else ref  # an engine: its own AR's
                 same = sampling.greedy and out == own
+                if name == engine_baseline(name) and name in engines:  # the two engines' greedy outputs
+                    tallies[name].same_as_ours += sampling.greedy and out == ref
                 if name in engines:
                     tallies[name].add_engine(rec, same, i, rep)
                 elif rec is None:  # hf_pld: only tokens and time
@@ -315,7 +318,7 @@ def report(dtype: str, dataset: str, tallies: dict[str, Tally], greedy: bool = T
         overhead = f"{1000 * t.draft_s / decode_steps:6.2f}" if decode_steps > 0 and t.steps else "     -"
         lookup = f"{1000 * t.lookup_s / decode_steps:6.2f}" if decode_steps > 0 and t.lookup_s else "     -"
         share = f"{100 * t.draft_s / sum(t.step_times):5.1f}%" if t.step_times and t.draft_s else "     -"
-        width = f"{t.forward_tokens / decode_steps:5.1f}" if decode_steps > 0 and t.steps else "    -"
+        width = f"{t.forward_tokens / decode_steps:5.1f}" if decode_steps > 0 and t.step_tokens else "    -"
         aux = (f"{100 * t.aux_steps / decode_steps:3.0f}%:{t.aux_nodes / t.aux_steps:<4.0f}"
                if t.aux_steps else "       -")  # steps that sent aux nodes : nodes they sent
         sp = speedups(t, base)
@@ -329,6 +332,12 @@ def report(dtype: str, dataset: str, tallies: dict[str, Tally], greedy: bool = T
             f"{dtype:9} {dataset:10} {name:30} {tau} {speedup:30} {limit:17} {sp['time_ratio']:5.2f}x {modelled} {mac}"
             f" {mic} {width} {aux} {overhead} {share} {lookup}  {same}"
         )
+    for engine in ENGINES:
+        ar, ours = tallies.get(f"{engine}:ar"), tallies["autoregressive"]
+        if ar is not None and ar.seconds and ours.seconds:
+            print(f"{dtype:9} {dataset:10} {engine}:ar against our autoregressive decoding: "
+                  f"{(ar.tokens / ar.seconds) / (ours.tokens / ours.seconds):.2f}x the tokens/s, "
+                  + (f"outputs equal to ours {ar.same_as_ours}/{ar.n}" if greedy else ""))
 
 
 def peer_servers(args, loaded, dtype: str) -> list:
