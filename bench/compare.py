@@ -271,6 +271,9 @@ def bench(loaded, prompts, presets: list[str], max_new: int, run_cfg=None, store
     for rep in range(repeats):  # each repeat replicates the run: drafters and budgets start empty
         for drafter in drafters.values():  # as a run does: the warm-up teaches run-long memory nothing
             drafter.reset()
+        for server in engines.values():  # and so do an engine's (ngram-mod and ngram-cache keep what they saw)
+            server.stop()
+            server.start()
         for name, b in budgets.items():  # the warm-up's drafting table is kept, as a run keeps it
             tables.setdefault(name, b.drafting)
             budgets[name] = AutoBudget(cost, aux_feeds=b.aux_feeds, drafting=tables[name].copy(frozen=b.static),

@@ -254,6 +254,7 @@ class Measurement:
         """Warm-up generations and earlier repeats teach a drafter, or the budget's statistics, nothing recorded."""
         for d in self.drafters.values():
             d.reset()
+        self.peers.close()  # a peer engine's drafters too (ngram-mod and ngram-cache keep what they saw): restarted
         self.budgets = self._new_budgets()
 
     def measure_sample(self, name: str, sample: datasets_.Sample, repeat: int, bar: Any, done: set) -> None:

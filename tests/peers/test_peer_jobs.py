@@ -44,6 +44,15 @@ def test_engine_rows_sit_beside_ours_and_pair_with_the_engines_own_autoregressiv
     assert "engine" in view["row_keys"] and marked == {"llama.cpp:ar", "llama.cpp:ngram-simple"}
 
 
+def test_each_repeat_starts_the_engines_afresh(served, tmp_path):
+    """ngram-mod and ngram-cache keep what a server saw: each repeat starts a new server, as it starts our
+    drafters empty (and the warm-up's server is not the measured one)."""
+    run(cfg_for(tmp_path / "r", "method=pld", "engines=[llama.cpp:ngram-mod]", "limit=1", "max_new_tokens=4",
+                "repeats=2", "warmup=1"))
+    starts = (served.parent / "starts.txt").read_text().splitlines()
+    assert sum("ngram-mod" in line for line in starts) == 3  # the warm-up's, then one per repeat
+
+
 def test_a_draft_model_row_serves_the_drafts_gguf_beside_the_targets(served, tmp_path, monkeypatch):
     written = []
     monkeypatch.setattr(llamacpp, "gguf_for", lambda model, tok, name, dtype: written.append(name) or

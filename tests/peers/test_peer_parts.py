@@ -25,6 +25,8 @@ FAKE = textwrap.dedent('''\
     port = int(args[args.index("--port") + 1])
     with open(os.path.join(os.path.dirname(__file__), "seen.json"), "w") as f:
         json.dump({"pid": os.getpid(), "args": args}, f)
+    with open(os.path.join(os.path.dirname(__file__), "starts.txt"), "a") as f:
+        f.write(" ".join(args) + "\\n")
     class H(BaseHTTPRequestHandler):
         def log_message(self, *a): pass
         def reply(self, body):
