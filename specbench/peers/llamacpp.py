@@ -126,7 +126,8 @@ def _run(cmd: list[str], what: str, progress: bool) -> None:
     the last lines of its output in the error."""
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=100, desc=what, unit="%", disable=not progress, file=sys.stderr)
+    bar = tqdm(total=100, desc=what, disable=not progress, file=sys.stderr,
+               bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]")
     tail: list[str] = []
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
         for line in proc.stdout:
