@@ -332,8 +332,8 @@ def report(dtype: str, dataset: str, tallies: dict[str, Tally], greedy: bool = T
         limit = (share_of_limit(t, base, tallies["oracle"], tallies["autoregressive"])
                  if "oracle" in tallies and name != engine_baseline(name) else "-")
         print(
-            f"{dtype:9} {dataset:10} {name:30} {tau} {speedup:30} {limit:17} {sp['time_ratio']:5.2f}x {modelled} {mac}"
-            f" {mic} {width} {aux} {overhead} {share} {lookup}  {same}"
+            f"{dtype:9} {dataset:10} {name:30} {tau} {speedup:30} {limit:17} {t.tokens / t.seconds:7.1f}"
+            f" {sp['time_ratio']:5.2f}x {modelled} {mac} {mic} {width} {aux} {overhead} {share} {lookup}  {same}"
         )
     for engine in ENGINES:
         ar, ours = tallies.get(f"{engine}:ar"), tallies["autoregressive"]
@@ -411,11 +411,13 @@ def main() -> None:
     )
     print("speedup = method tokens/s ÷ autoregressive tokens/s on the same prompts and repeats, same process; "
           "±: std over repeats; [lo, hi]: 95% paired bootstrap interval over prompts; "
+          "tok/s: Σ tokens ÷ Σ seconds, prefill included (a peer engine's: its server's own seconds); "
           "limit: the speedup ÷ the oracle's (--methods oracle: the true continuation drafted, as many tokens a "
           "step as pay most on the cost curve), [interval]; "
           "time: Σ autoregressive s / Σ method s (the same figure only when outputs have equal lengths)")
     print(
-        f"{'dtype':9} {'dataset':10} {'method':30} {'τ':>5} {'speedup':30} {'limit':17} {'time':>6} {'model':>6} {'Mac-TP':>7} "
+        f"{'dtype':9} {'dataset':10} {'method':30} {'τ':>5} {'speedup':30} {'limit':17} {'tok/s':>7} {'time':>6} "
+        f"{'model':>6} {'Mac-TP':>7} "
         f"{'Mic-TP':>7} {'q/fwd':>5} {'aux':>8} {'ms/stp':>6} {'draft%':>6} {'lookup':>6}  same as AR"
     )
     for dtype in args.dtypes:
