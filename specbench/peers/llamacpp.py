@@ -63,7 +63,7 @@ def server_binary() -> Path | None:
 def require_server() -> Path:
     path = server_binary()
     if path is None:
-        raise PeerError(f"llama.cpp's server is not built: run `make peers` (about 7 minutes on 2 cores; it goes "
+        raise PeerError(f"llama.cpp's server is not built: run `make peers` (5-10 minutes on 2 cores; it goes "
                         f"to {home()})")
     return path
 
