@@ -143,7 +143,7 @@ RETRIEVAL_BENCH ?= pld lookahead-cpu spectra_core-cpu rest-cpu spectra_retrieval
 # Every training-free method: the retrieval set above plus ANPD and the Spec-Bench leaders.
 BENCH_METHODS ?= pld anpd lookahead-cpu spectra_core-cpu spectra_core-cpu:fixed rest-cpu spectra_retrieval-cpu \
                  spectra_retrieval-cpu:norefine spectra_retrieval-cpu:random spectra-cpu spectra-cpu:fixed spectra-cpu:random \
-                 token_recycling-cpu sam_decoding-cpu suffix-cpu \
+                 token_recycling-cpu sam_decoding-cpu suffix-cpu oracle \
                  lookahead spectra_core spectra_core:auto rest spectra spectra:auto token_recycling sam_decoding suffix \
                  eagle-cpu:auto eagle3-cpu:auto medusa-cpu:auto sam_decoding-eagle-cpu:auto
 
