@@ -66,9 +66,10 @@ from methods.registry import build_method_config, get_method
 from specbench.budget.costs import CostModel, load_or_measure
 from specbench.budget.planner import AutoBudget
 from specbench.core.acceptance import SamplingParams
-from specbench.core.decode import References, generate
+from specbench.core.decode import generate
 from specbench.core.draft import DrafterContext
 from specbench.core.forward import Target
+from specbench.core.reference import References
 from specbench.errors import ConfigError
 from specbench.models import load_model
 from specbench.paths import CONF_DIR

@@ -61,6 +61,12 @@ class Medusa(Drafter):
     def preflight(cls, config: MedusaConfig, run_cfg: Any) -> None:
         preflight_head(config.head, run_cfg, cls.KIND)
 
+    @classmethod
+    def extra_params(cls, config: MedusaConfig, shape: Any) -> int:
+        """The heads beside the target (a batch's memory check), counted as Medusa-1 publishes them: 5 heads,
+        each a residual block and an LM head of its own."""
+        return 5 * (shape.hidden * shape.hidden + shape.hidden * shape.vocab)
+
     def __init__(self, config: MedusaConfig | None = None, **kwargs) -> None:
         super().__init__(config, **kwargs)
         target, path, self.head_columns = resolve_head(self.name, self.config.head, self.context, self.KIND)

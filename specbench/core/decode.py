@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from specbench.core.acceptance import SamplingParams, accept
+from specbench.core.clock import Clock
 from specbench.core.draft import DecodeState, Draft, Drafter, Planner, VerifyResult
 from specbench.core.forward import Target, upload
 from specbench.core.record import TARGET_TOKEN, GenerationRecord
@@ -37,6 +38,7 @@ class Request:
     generator: torch.Generator | None = None
     planner: Planner | None = None
     tag: Any = None  # the caller's key, handed back with the record
+    arrival_s: float | None = None  # when it arrived, on the batch's clock (None: when it is admitted)
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -109,11 +111,11 @@ class _Loop:
     """The rows decoding now (slot ``i`` holds ``rows[i]``) and what every step shares."""
 
     def __init__(self, target: Target, batch_size: int, sampling: SamplingParams, eos: set[int],
-                 limit: int | None, clock: float | None, plan_rows: PlanRows | None = None) -> None:
+                 limit: int | None, clock: Clock | None, plan_rows: PlanRows | None = None) -> None:
         self.target, self.sampling, self.eos, self.plan_rows = target, sampling, eos, plan_rows
         self.cache = target.new_cache(batch_size, limit)
         self.rows: list[_Row | None] = []
-        self.clock = perf_counter() if clock is None else clock
+        self.clock = clock or Clock()
 
     def start(self, admitted: list[tuple[int, Request]]) -> list[_Row]:
         """Prefill each request into its slot (step 0: its first token): slots in a contiguous run share one
@@ -137,7 +139,8 @@ class _Loop:
         for r, ((slot, request), prompt) in enumerate(zip(group, prompts, strict=True)):
             drafter = request.drafter
             record = GenerationRecord(prompt_len=len(prompt), slot=slot)
-            record.started_s = t0 - self.clock
+            record.started_s = self.clock.at(t0)
+            record.arrival_s = record.started_s if request.arrival_s is None else request.arrival_s
             if layers:
                 drafter.prefilled(target.row_features[r])
             _, tokens = accept(_EMPTY, logits[r : r + 1], self.sampling, request.generator)
@@ -150,6 +153,7 @@ class _Loop:
         seconds = perf_counter() - t0
         for row in rows:  # a shared prefill is each of its requests' prefill time
             row.record.prefill_s = seconds
+            row.record.step_ends.append(self.clock.at(t0 + seconds))
             _record_step(row.record, len(row.record.output_ids), seconds, 0, 0, 0, 0, 0.0, 0.0)
         return rows
 
@@ -232,8 +236,9 @@ class _Loop:
         end = perf_counter()  # a step's time covers all of its work: bookkeeping and the planner too
         for row in rows:
             row.record.step_times[-1] = end - start
+            row.record.step_ends.append(self.clock.at(end))
             if row.record.finish_reason:
-                row.record.finished_s = end - self.clock
+                row.record.finished_s = self.clock.at(end)
 
     def settle(self, row: _Row, path: list[int], tokens: list[int], batch_draft_s: float, own_draft_s: float) -> None:
         record, draft, request = row.record, row.draft, row.request
@@ -266,15 +271,17 @@ def decode_batch(
     sampling: SamplingParams | None = None,
     eos_token_ids: list[int] | tuple[int, ...] = (),
     limit: int | None = None,
-    clock: float | None = None,
+    clock: Clock | None = None,
     plan_rows: PlanRows | None = None,
 ) -> Iterator[tuple[Request, GenerationRecord]]:
     """Decode the requests ``next_request`` hands out (None: none ready), up to ``batch_size`` at once, and
     yield each with its record as it finishes. A slot that frees takes the next request at once, so the
     caller may queue a request that depends on a finished one (a conversation's next turn) when it is
-    yielded. ``limit``: the most cache entries a row will need, if known; ``clock``: the ``perf_counter``
-    time the records' ``started_s`` and ``finished_s`` count from (default: now); ``plan_rows``: plans the
-    rows' drafts together (``budget=auto``), instead of each request's planner alone."""
+    yielded. ``limit``: the most cache entries a row will need, if known; ``clock``: the
+    :class:`~specbench.core.clock.Clock` the records' timestamps count from (default: one started now), paused
+    while the caller holds a yielded record; ``plan_rows``: plans the rows' drafts together (``budget=auto``),
+    instead of each request's planner alone. A caller whose requests arrive over time hands out None until one
+    has arrived, and, when none is live, skips the clock to the next arrival rather than returning None."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     loop = _Loop(target, batch_size, sampling or SamplingParams(), set(eos_token_ids), limit, clock, plan_rows)
@@ -296,7 +303,7 @@ def decode_batch(
                 if row.record.finish_reason:  # done at its first token
                     row.record.finished_s = row.record.started_s + row.record.prefill_s
                     free.append(slot)
-                    yield row.request, row.record
+                    yield from _paused(loop.clock, row)
                     continue
                 while len(rows) <= slot:
                     rows.append(None)
@@ -312,8 +319,15 @@ def decode_batch(
             row, rows[i] = rows[i], None
             free.append(i)
             row.record.decode_s = sum(row.record.step_times[1:])
-            yield row.request, row.record
+            yield from _paused(loop.clock, row)
         free.sort()
+
+
+def _paused(clock: Clock, row: _Row) -> Iterator[tuple[Request, GenerationRecord]]:
+    """Yield a finished row, the clock stopped while the caller holds it (writing its row is not serving)."""
+    clock.pause()
+    yield row.request, row.record
+    clock.resume()
 
 
 # The most mask entries (rows × prompt length × prompt length) one prefill forward builds: prompts beyond it
@@ -372,25 +386,3 @@ def generate(
     ((_, record),) = decode_batch(target, lambda: queue.pop() if queue else None, batch_size=1,
                                   sampling=sampling, eos_token_ids=eos_token_ids)
     return record
-
-
-class References:
-    """prompt → its greedy autoregressive output, generated once and kept: what the oracle drafts
-    (``DrafterContext.reference``). ``max_new_tokens``: a number, or a function of the prompt."""
-
-    def __init__(self, target: Target, max_new_tokens: int | Callable[[list[int]], int],
-                 eos_token_ids: list[int] | tuple[int, ...] = ()) -> None:
-        self.target, self.max_new, self.eos = target, max_new_tokens, tuple(eos_token_ids)
-        self.known: dict[tuple[int, ...], list[int]] = {}
-
-    def add(self, prompt_ids: list[int], output_ids: list[int]) -> None:
-        """A greedy autoregressive output generated elsewhere (the baseline's, in a job)."""
-        self.known[tuple(prompt_ids)] = list(output_ids)
-
-    def __call__(self, prompt_ids: list[int]) -> list[int]:
-        key = tuple(prompt_ids)
-        if key not in self.known:
-            n = self.max_new(list(prompt_ids)) if callable(self.max_new) else self.max_new
-            self.known[key] = generate(self.target, Drafter(vocab_size=0), list(prompt_ids), max_new_tokens=n,
-                                       eos_token_ids=self.eos).output_ids
-        return self.known[key]

@@ -51,6 +51,8 @@ class GenerationRecord:
     # in a batch, a request's latency (finished_s - started_s) includes the other rows' prefills.
     started_s: float = 0.0
     finished_s: float = 0.0
+    arrival_s: float = 0.0  # when the request arrived (queueing before ``started_s`` is a serving delay)
+    step_ends: list[float] = field(default_factory=list)  # when each step ended (prefill first): its tokens' time
     slot: int = 0  # the batch row it decoded in (0 at batch size 1)
 
     @property

@@ -222,6 +222,13 @@ class ModelDrafter(Drafter):
     def host_reads(cls, config: Any, drafted: int) -> int:
         return drafted  # each drafted token read as it is chosen
 
+    @classmethod
+    def extra_params(cls, config: Any, shape: Any) -> int:
+        """A draft model's weights beside the target (a batch's memory check; a self-draft shares the target's)."""
+        if config.draft_model == SELF:
+            return 0
+        return int(float(model_preset(config.draft_model).get("params_b") or 0) * 1e9)
+
     def __init__(self, config: Any = None, **kwargs) -> None:
         super().__init__(config, **kwargs)
         self.lm = build_draft_lm(self.config, self.context, self.tokenizer, self.vocab_size)

@@ -209,6 +209,13 @@ class HeadDrafter(Drafter):
     def preflight(cls, config: EagleSettings, run_cfg: Any) -> None:
         preflight_head(config.head, run_cfg, cls.KIND)
 
+    @classmethod
+    def extra_params(cls, config: EagleSettings, shape: Any) -> int:
+        """The head beside the target (a batch's memory check): one decoder layer and the fusing ``fc`` (two
+        hidden widths in for EAGLE, three for EAGLE-3, whose head also has an LM head of its own)."""
+        h = shape.hidden
+        return shape.layer_params() + (2 * h * h if cls.KIND == "eagle" else 3 * h * h + h * shape.vocab)
+
     def __init__(self, config: EagleSettings | None = None, **kwargs) -> None:
         super().__init__(config, **kwargs)
         target, path, self.head_columns = resolve_head(self.name, self.config.head, self.context, self.KIND)

@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from specbench.results import stats as spread
+from specbench.results.serving import serving_stats, throughput_ratio
 from specbench.results.stats import bootstrap_interval, share_interval, speedup_ratio, verdict
 
 # The method every other one is measured against, by its registered name.
@@ -42,10 +43,11 @@ ORACLE = "oracle"
 ENGINE_BASELINE = ":ar"
 # A method row is compared with the baseline row that matches on all of these.
 JOIN_KEYS = ("engine", "model", "dataset", "sample_id", "turn", "temperature", "top_p", "top_k", "seed",
-             "max_new_tokens", "device_name", "dtype", "batch_size")
+             "max_new_tokens", "device_name", "dtype", "batch_size", "request_rate", "max_concurrency")
 # One summary row per combination of these (absent columns are skipped).
 GROUP_KEYS = ("engine", "model", "dataset", "preset", "method", "method_params", "temperature", "top_p", "top_k",
-              "max_new_tokens", "device_name", "device", "attn_implementation", "dtype", "batch_size")
+              "max_new_tokens", "device_name", "device", "attn_implementation", "dtype", "batch_size", "request_rate",
+              "max_concurrency")
 QUALITY_COLUMNS = ("rouge1", "rouge2", "rougeL", "accuracy", "pass")
 
 
@@ -140,40 +142,6 @@ def _totals_rate(g: pd.DataFrame) -> float:  # rows without per-step lists (a pe
     return sum(_counts(g["accepted_by_source"]).values()) / drafted if drafted else math.nan
 
 
-def _serving_stats(g: pd.DataFrame) -> dict:
-    """Throughput and latency as a serving reader reads them: generated tokens per second over each batch's
-    span (a method's requests of one job and repeat, first prefill to last end; at batch size 1, the
-    generations' own wall times), each request's latency (its prefill's start to its end) and its time per
-    output token."""
-    batched = "started_s" in g.columns and int(g["batch_size"].max()) > 1
-    if batched:
-        latency = (g["finished_s"] - g["started_s"]).astype(float)
-        runs = g.groupby([c for c in ("run_id", "repeat") if c in g.columns])
-        span = float((runs["finished_s"].max() - runs["started_s"].min()).sum())
-    else:
-        latency = g["wall_s"].astype(float)
-        span = float(latency.sum())
-    per_token = latency / g["new_tokens"].clip(lower=1)
-    return {
-        "throughput": float(g["new_tokens"].sum()) / span if span > 0 else math.nan,
-        "latency_s": float(latency.mean()),
-        "latency_p50_s": float(latency.quantile(0.5)),
-        "latency_p90_s": float(latency.quantile(0.9)),
-        "tpot_ms": 1000.0 * float(per_token.mean()),
-    }
-
-
-def _throughput_speedups(res: pd.DataFrame, group_keys: list[str], baseline_method: str) -> pd.Series:
-    """Each summary row's throughput over its baseline's (the baseline's row of the same keys but the method)."""
-    keys = [k for k in group_keys if k not in ("preset", "method", "method_params")]
-    is_base = (res["method"] == baseline_method) | (res["method"] == res["engine"] + ENGINE_BASELINE)
-    base = res[is_base].set_index(keys)["throughput"] if keys else None
-    if base is None or base.index.has_duplicates:
-        return pd.Series(math.nan, index=res.index)
-    index = pd.MultiIndex.from_frame(res[keys]) if len(keys) > 1 else pd.Index(res[keys[0]])
-    return pd.Series(res["throughput"].to_numpy() / base.reindex(index).to_numpy(), index=res.index)
-
-
 def _speedup_stats(paired: pd.DataFrame) -> dict:
     """Speedup of paired rows (method columns + ``_base_*``): pooled, per repeat, bootstrapped over prompts."""
     cols = {"m_tokens": "new_tokens", "m_seconds": "wall_s", "b_tokens": "_base_tokens", "b_seconds": "_base_wall_s"}
@@ -240,10 +208,11 @@ def summarize(df: pd.DataFrame, baseline_method: str = BASELINE, same_job: bool 
     ``greedy_match`` = at temperature 0, the fraction of paired rows whose
     output_ids equal the baseline's token for token (NaN when sampling or
     unpaired); ``overhead_ms_per_step`` = 1000 · Σ draft_overhead_s / Σ decode
-    steps; plus the mean of any :data:`QUALITY_COLUMNS`. Serving figures (one ``batch_size`` per row, rows
-    written before batches existed are batch size 1): ``throughput`` (generated tokens/s over each batch's
-    span), ``throughput_speedup`` (over the baseline's at the same batch size), ``latency_s``,
-    ``latency_p50_s``, ``latency_p90_s`` (per request) and ``tpot_ms`` (mean time per output token).
+    steps; plus the mean of any :data:`QUALITY_COLUMNS`. Serving figures (one ``batch_size``, ``request_rate``
+    and ``max_concurrency`` per row; rows written before batches existed are batch size 1):
+    :data:`specbench.results.serving.SERVING_COLUMNS` as vLLM's ``bench serve`` defines them, and
+    ``throughput_speedup`` (output tokens per second over the runs' spans ÷ the baseline's at the same load)
+    with ``throughput_lo``/``throughput_hi`` (95% bootstrap interval over repeats) and ``throughput_verdict``.
     """
     if df.empty:
         return pd.DataFrame()
@@ -253,6 +222,9 @@ def summarize(df: pd.DataFrame, baseline_method: str = BASELINE, same_job: bool 
     df["repeat"] = df["repeat"].fillna(0).astype(int)
     df["batch_size"] = df["batch_size"].fillna(1).astype(int) if "batch_size" in df.columns else 1
     df["engine"] = df["engine"].fillna("").astype(str) if "engine" in df.columns else ""
+    df["request_rate"] = df["request_rate"].astype(float) if "request_rate" in df.columns else math.nan
+    df["max_concurrency"] = (df["max_concurrency"].fillna(df["batch_size"]) if "max_concurrency" in df.columns
+                             else df["batch_size"]).astype(int)
     group_keys = [k for k in GROUP_KEYS if k in df.columns]
     join_keys = [k for k in JOIN_KEYS if k in df.columns] + ["repeat"]
     if same_job:
@@ -271,18 +243,23 @@ def summarize(df: pd.DataFrame, baseline_method: str = BASELINE, same_job: bool 
         .reset_index()
     )
     out, per_prompt = [], []
+    served = [k for k in group_keys if k not in ("preset", "method", "method_params")]
+    bases = {_key(dict(zip(served, key, strict=True)), served): g
+             for key, g in df[is_base].groupby(served, dropna=False, sort=False)} if served else {}
     for key, g in df.groupby(group_keys, dropna=False, sort=True):
         rec = dict(zip(group_keys, key, strict=True))
         rec.update(_group_stats(g))
-        rec.update(_serving_stats(g))
+        rec.update(serving_stats(g))
         paired = g.merge(base, on=join_keys, how="inner")
         per_prompt.append(paired.groupby("sample_id", sort=False)[list(_PAIR_COLUMNS.values())].sum())
         rec["n_paired"] = len(paired)
         if rec["method"] in (baseline_method, rec["engine"] + ENGINE_BASELINE):
             rec.update(speedup=1.0, speedup_lo=math.nan, speedup_hi=math.nan, speedup_std=math.nan,
-                       speedup_wall=1.0, verdict="")
+                       speedup_wall=1.0, verdict="", throughput_speedup=1.0, throughput_lo=math.nan,
+                       throughput_hi=math.nan, throughput_verdict="")
         else:
             rec.update(_speedup_stats(paired))
+            rec.update(throughput_ratio(g, bases.get(_key(rec, served), g.iloc[:0])))
         greedy = "temperature" in rec and rec["temperature"] == 0 and len(paired)
         rec["greedy_match"] = (
             float(
@@ -298,9 +275,12 @@ def summarize(df: pd.DataFrame, baseline_method: str = BASELINE, same_job: bool 
         tau_hi acceptance_length acceptance_rate mean_accepted mac_tp mic_tp greedy_match
         overhead_ms_per_step wall_s""".split()]
     res = pd.DataFrame(out)
-    res["throughput_speedup"] = _throughput_speedups(res, group_keys, baseline_method)
     res = _limits(res, per_prompt, group_keys, baseline_method)
     return res[first + [c for c in res.columns if c not in first]]
+
+
+def _key(rec: dict, keys: list[str]) -> tuple:
+    return tuple(str(rec[k]) for k in keys)
 
 
 _PAIR_COLUMNS = {"m_tokens": "new_tokens", "m_seconds": "wall_s", "b_tokens": "_base_tokens",

@@ -149,6 +149,11 @@ def make_row(
         "slot": int(record.slot),
         "started_s": float(record.started_s),
         "finished_s": float(record.finished_s),
+        "arrival_s": float(record.arrival_s),
+        "step_ends_s": [float(t) for t in record.step_ends],
+        # a served run's load (None: requests decoded one at a time, each on its own clock)
+        "request_rate": float(context["request_rate"]) if context.get("request_rate") is not None else None,
+        "max_concurrency": int(context.get("max_concurrency") or context.get("batch_size") or 1),
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="microseconds"),
     }
     for k, v in (extra or {}).items():

@@ -182,7 +182,9 @@ def _check_numbers(cfg: DictConfig) -> None:
     _number(cfg, "top_k", int, minimum=0, nullable=True, what="a whole number >= 0 (0 = off)")
     _number(cfg, "seed", int, what="a whole number")
     _number(cfg, "max_new_tokens", int, minimum=1, nullable=True, what="a positive number of tokens (or null)")
-    _number(cfg, "limit", int, minimum=1, nullable=True, what="a positive number of samples (or null for all)")
+    if cfg.get("limit") != "auto":
+        _number(cfg, "limit", int, minimum=1, nullable=True,
+                what="a positive number of samples (null: all; auto: 8 × batch_size, what a batch point needs)")
     _number(cfg, "offset", int, minimum=0, what="a whole number >= 0")
     _number(cfg, "warmup", int, minimum=0, what="a whole number of warm-up generations >= 0")
     _number(cfg, "build_budget", float, minimum=0, nullable=True,
@@ -191,6 +193,14 @@ def _check_numbers(cfg: DictConfig) -> None:
             what="a positive number of measurements of each sample (repeats=3 as Spec-Bench)")
     _number(cfg, "batch_size", int, minimum=1, nullable=True,
             what="a positive number of requests decoded together (1: one at a time, as the papers measure)")
+    _number(cfg, "request_rate", float, nullable=True, what="requests per second > 0 (null: all at once)")
+    if cfg.get("request_rate") is not None and float(cfg.request_rate) <= 0:
+        raise ConfigError(f"request_rate must be requests per second > 0 (null: all at once), got {cfg.request_rate!r}")
+    concurrency = _number(cfg, "max_concurrency", int, minimum=1, nullable=True,
+                          what="a positive number of requests in flight (null: batch_size)")
+    if concurrency is not None and concurrency > batch_size(cfg):
+        raise ConfigError(f"max_concurrency={concurrency} is more than batch_size={batch_size(cfg)}: the engine "
+                          "decodes at most batch_size requests at once; raise batch_size or lower max_concurrency")
     if "hardware" in cfg and cfg.hardware.get("num_threads") is not None:
         _number(cfg.hardware, "num_threads", int, minimum=1, what="a positive number of threads (or null)")
 
@@ -292,6 +302,15 @@ def _check_budget(cfg: DictConfig) -> None:
 
 def batch_size(cfg: DictConfig) -> int:
     return int(cfg.get("batch_size") or 1)
+
+
+# limit=auto: samples per batch size, so that a batch point is mostly full batches, not its drain tail
+REQUESTS_PER_SLOT = 8
+
+
+def sample_limit(cfg: DictConfig) -> int | None:
+    """``limit`` as a number of samples (``auto``: :data:`REQUESTS_PER_SLOT` × batch_size)."""
+    return REQUESTS_PER_SLOT * batch_size(cfg) if cfg.get("limit") == "auto" else cfg.get("limit")
 
 
 def _check_batch(cfg: DictConfig) -> None:

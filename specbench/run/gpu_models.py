@@ -20,9 +20,9 @@ from methods.registry import build_method_config, get_method, method_names
 from specbench.budget.costs import CostModel
 from specbench.core.acceptance import SamplingParams
 from specbench.core.attention import fold_gqa
-from specbench.core.decode import References
 from specbench.core.draft import Drafter, DrafterContext
 from specbench.core.forward import Target
+from specbench.core.reference import References
 
 SHAPES = {
     "llama2-7b": dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_attention_heads=32,

@@ -28,7 +28,14 @@ from specbench.paths import CONF_DIR, conf_choices
 from specbench.provenance import config_hash
 from specbench.results.metrics import BASELINE
 from specbench.results.rows import run_dir_path, run_file_path, run_name
-from specbench.run.config import BOOKKEEPING, batch_size, effective_budget, validate
+from specbench.run.config import (
+    BOOKKEEPING,
+    REQUESTS_PER_SLOT,
+    batch_size,
+    effective_budget,
+    sample_limit,
+    validate,
+)
 from specbench.stores.naming import resolve_auto_store
 
 
@@ -60,6 +67,14 @@ class Job:
     replay: str | None = None  # budget=replay: the recorded run's results folder
     engines: tuple[str, ...] = ()  # peer engines' rows (llama.cpp:ar first), each sample decoded by them too
     engine_draft: str | None = None  # llama.cpp:draft-simple's draft model preset
+    request_rate: float | None = None  # served runs: requests per second (Poisson arrivals; None: all at once)
+    max_concurrency: int | None = None  # served runs: the most requests in flight (None: batch_size)
+
+    @property
+    def served(self) -> bool:
+        """Whether each method's requests are decoded as a served run (specbench.run.batched): a batch, or
+        requests arriving at a rate; else one at a time, alternating with the baseline sample by sample."""
+        return self.batch_size > 1 or self.request_rate is not None
 
     @property
     def rows(self) -> list[str]:
@@ -123,6 +138,8 @@ class Job:
             "max_new_tokens": self.max_new_tokens,
             "device": self.hardware.label,
             "attn_implementation": self.hardware.get("attn_implementation", ""),
+            **({"request_rate": self.request_rate or float("inf"), "max_concurrency": self.max_concurrency or self.batch_size}
+               if self.served else {}),
         }
 
 
@@ -148,13 +165,17 @@ def plan(cfg: DictConfig) -> Job:
     ddef = datasets_.get_dataset(cfg.dataset.name)
     datasets_.check_available(cfg.dataset)
     samples = datasets_.select(
-        ddef.load(cfg.dataset), limit=cfg.limit, offset=cfg.offset, shuffle=bool(cfg.dataset.shuffle), seed=cfg.seed
-    )
+        ddef.load(cfg.dataset), limit=sample_limit(cfg), offset=cfg.offset, shuffle=bool(cfg.dataset.shuffle),
+        seed=cfg.seed)
     if not samples:
         raise ConfigError(f"dataset {ddef.name}: no samples selected (offset={cfg.offset}, limit={cfg.limit})")
     if batch_size(cfg) > len(samples):
         raise ConfigError(f"batch_size={batch_size(cfg)} is more than the {len(samples)} samples selected: raise "
                           f"limit (limit=null: all) or lower batch_size")
+    if batch_size(cfg) > 1 and len(samples) < REQUESTS_PER_SLOT * batch_size(cfg):
+        print(f"note: {len(samples)} samples at batch_size={batch_size(cfg)}: fewer than {REQUESTS_PER_SLOT} per slot, "
+              "so the batch's drain tail weighs on its figures (limit=auto takes "
+              f"{REQUESTS_PER_SLOT * batch_size(cfg)})", file=sys.stderr)
     budget = effective_budget(cfg)
     _warn_device_fit(cfg)
     return Job(
@@ -182,6 +203,8 @@ def plan(cfg: DictConfig) -> Job:
         replay=str(cfg.replay) if cfg.get("replay") else None,
         engines=engine_rows(cfg),
         engine_draft=str(cfg.engine_draft) if cfg.get("engine_draft") else None,
+        request_rate=float(cfg.request_rate) if cfg.get("request_rate") is not None else None,
+        max_concurrency=int(cfg.max_concurrency) if cfg.get("max_concurrency") is not None else None,
     )
 
 
@@ -248,6 +271,11 @@ def hash_config(cfg: DictConfig) -> str:
         plain.pop("engines", None)
     if not plain.get("engine_draft"):
         plain.pop("engine_draft", None)
+    for key in ("request_rate", "max_concurrency"):  # all at once, batch_size in flight: as runs before them
+        if plain.get(key) is None:
+            plain.pop(key, None)
+    if (plain.get("batch_size") or 1) > 1 or "request_rate" in plain:  # 2: the serving clock (harness I/O off it)
+        plain["serving_version"] = 2
     return config_hash({**plain, "results_version": RESULTS_VERSION})
 
 

@@ -29,9 +29,10 @@ from tqdm.auto import tqdm
 
 from methods.registry import get_method
 from specbench import data as datasets_
-from specbench.core.decode import References, generate
+from specbench.core.decode import generate
 from specbench.core.draft import DrafterContext
 from specbench.core.forward import Target
+from specbench.core.reference import References
 from specbench.errors import ConfigError
 from specbench.models import load_draft, load_model
 from specbench.provenance import environment_info
@@ -58,6 +59,7 @@ def execute(job: Job) -> Any:
     # Opened before the model loads: an unreadable results file stops the job before any long work.
     writer = ResultWriter(job.folder, legacy_file=job.legacy_file)
     _seed_everything(job.seed)
+    batched.check_memory(job)  # a batch: its KV cache and weights against the device's memory, before loading
     loaded = load_model(job.model_cfg, job.hardware)
     build = getattr(job.method_config, "_store_build", None)  # a missing store the plan found quick to build
     if build is not None:
@@ -79,7 +81,7 @@ def execute(job: Job) -> Any:
     try:
         for repeat in range(job.repeats):
             m.new_repeat()
-            if job.batch_size > 1:  # each method over every sample, batched; which goes first alternates by repeat
+            if job.served:  # each method over every sample, batched; which goes first alternates by repeat
                 for name in job.methods if repeat % 2 == 0 else job.methods[::-1]:
                     batched.measure(m, name, selected, repeat, bar, done)
                 continue
@@ -215,7 +217,7 @@ class Measurement:
         self.budgets = self._new_budgets(calibrating=True)
         for name in self.job.methods:
             for _ in range(self.job.warmup):
-                if self.job.batch_size > 1:
+                if self.job.served:
                     batched.warm_up(self, name, warm, tokens)
                 else:
                     if self.drafters[name].needs_reference:  # its reference generated before the timed span

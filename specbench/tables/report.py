@@ -60,6 +60,7 @@ SOURCES = {
     "batch_sweep": "batch_sweep",
     "batch_speedup": "batch_sweep",
     "batch_latency": "batch_sweep",
+    "batch_load": "batch_sweep",
 }
 TABLES = ("table1", "table2", "table3", "table4", "table5", "table6", "table7")
 EXTRA_TABLES = ("memory_scopes", "spec_bench", "batch_sweep")  # not the paper's tables: only when asked for by name

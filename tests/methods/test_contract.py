@@ -19,8 +19,8 @@ import torch
 from methods.registry import build_method_config, get_method, method_names
 from specbench.budget.costs import CostModel
 from specbench.core.acceptance import SamplingParams
-from specbench.core.decode import References
 from specbench.core.draft import DrafterContext
+from specbench.core.reference import References
 from specbench.drafting.acceptance_head import AcceptanceHead, save_head
 from specbench.drafting.eagle_drafter import random_head
 from specbench.stores.datastore import write_store

@@ -7,9 +7,10 @@ import pytest
 
 from methods.oracle import Oracle, OracleConfig, best_length
 from specbench.budget.costs import CostModel
-from specbench.core.decode import References, generate
+from specbench.core.decode import generate
 from specbench.core.draft import DecodeState, DrafterContext
 from specbench.core.forward import Target
+from specbench.core.reference import References
 from specbench.errors import ConfigError
 from specbench.results.rows import load_results
 from specbench.run.runner import run

@@ -24,9 +24,10 @@ from specbench.budget.batch import BatchBudget
 from specbench.budget.costs import CostModel
 from specbench.budget.planner import AutoBudget
 from specbench.core.acceptance import SamplingParams
-from specbench.core.decode import References, Request, decode_batch, generate
+from specbench.core.decode import Request, decode_batch, generate
 from specbench.core.draft import Draft, Drafter, DrafterContext, ScopedMemory
 from specbench.core.forward import Target
+from specbench.core.reference import References
 from specbench.drafting.eagle_drafter import random_head
 from specbench.models import load_model
 from specbench.run.syncs import ceilings, judge, step_syncs
