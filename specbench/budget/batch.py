@@ -1,19 +1,21 @@
 """``budget=auto`` at batch size B > 1: one step's block split across the rows.
 
 A batched step is one forward of every live row, each row's block padded to the
-longest (``Target.forward_rows``): it costs t(q, c̄, B), the measured curve of B
-rows of q tokens after a mean context of c̄ (:func:`specbench.budget.costs.measure_batch`).
+longest (``Target.forward_rows``), attention reading up to the longest row: it
+costs t(q, ĉ, B), the measured curve of B rows of q tokens whose longest context
+is ĉ, the rows at staggered lengths (:func:`specbench.budget.costs.measure_batch`).
 Guesses below the longest block ride in padding that is computed anyway, and one
 row's long block makes every row's step longer.
 
 * **Each row's own planner** (:class:`~specbench.budget.planner.AutoBudget`, one
   per request, the acceptance statistics shared by all of them) scores its
-  guesses and decides its aux nodes as at batch size 1, pricing a block at its
-  share of the batch's step, t(q, c̄, B) / B (:class:`RowShare`): the price of q
-  tokens in a row when every row sends q.
+  guesses and decides its aux nodes as at batch size 1, pricing a block of q
+  tokens at what it adds to the batch's step when the other rows send their
+  root alone (:class:`RowShare`): its share of the plain step, t(1, ĉ, B) / B,
+  plus the whole rise t(q, ĉ, B) − t(1, ĉ, B), since its block pads every row.
 * **The block.** With those aux nodes fixed, the step's block q is the one that
   maximises the batch's expected tokens per second, Σ_r (1 + Σ of row r's best
-  q − 1 − aux_r scores) / t(q, c̄, B): every row keeps as many of its guesses as
+  q − 1 − aux_r scores) / t(q, ĉ, B): every row keeps as many of its guesses as
   fit in q, best first (parents before children). Rows whose guesses are worth
   little leave q at the aux nodes' size (1 with none): no guesses at all when
   drafting does not pay at this batch size.
@@ -32,7 +34,8 @@ from specbench.core.draft import Draft
 
 
 class RowShare:
-    """A row's share of this step's batched forward: t(q, c̄, B) / B for the batch set by :meth:`at`."""
+    """What a row's block of q tokens costs this step's batched forward (the batch set by :meth:`at`): its share
+    of the plain step and the whole rise its block makes, t(1, ĉ, B) / B + t(q, ĉ, B) − t(1, ĉ, B)."""
 
     def __init__(self, curve: CostModel) -> None:
         self.curve, self.batch, self.context = curve, 1, None
@@ -41,10 +44,11 @@ class RowShare:
         self.batch, self.context = batch, context
 
     def __call__(self, q: float, context: float = 0) -> float:
-        """At batch size 1 the row's own context; in a batch, the batch's mean."""
+        """At batch size 1 the row's own context; in a batch, the batch's longest row's."""
         if self.batch == 1:
             return self.curve(q, context)
-        return self.curve(q, self.context, self.batch) / self.batch
+        plain = self.curve(1, self.context, self.batch)
+        return plain / self.batch + self.curve(q, self.context, self.batch) - plain
 
 
 class BatchBudget:
@@ -62,7 +66,7 @@ class BatchBudget:
     def __call__(self, planners: list[AutoBudget], drafts: list[Draft], seqs: list[list[int]]) -> list[Draft]:
         """The part of each row's draft to verify in this step (``seqs``: each row's tokens, its root last)."""
         batch = len(drafts)
-        context = sum(len(s) for s in seqs) / batch
+        context = max(len(s) for s in seqs)  # attention reads up to the longest row
         self.share.at(batch, context)
         choices = [p.choose(d, s) for p, d, s in zip(planners, drafts, seqs, strict=True)]
         if batch > 1:

@@ -30,6 +30,7 @@ GPU_CONTEXTS = (128, 1024, 2048, 4096)
 COST_DIR = "costs"
 BATCH_TOKENS = 1024  # most tokens (rows × block) a batched forward is timed with on a CPU; 4096 on a GPU
 MEASURE_VERSION = 4  # part of the cache key: a changed measurement invalidates cached curves
+STAGGERED = "staggered"  # how a batch's curve is timed: its rows' lengths spread from the longest down to half
 
 
 @dataclass
@@ -42,6 +43,7 @@ class CostModel:
     device_name: str = ""
     key: str = ""
     batches: dict[int, CostModel] = field(default_factory=dict)  # batch size (> 1): its curve, q per row
+    rows: str = ""  # a batch's curve: "staggered" (rows of lengths spread below the longest, keyed by it)
 
     def __post_init__(self) -> None:
         if not self.qs or not self.contexts or len(self.seconds) != len(self.contexts):
@@ -61,7 +63,7 @@ class CostModel:
 
     def __call__(self, q: float, context: float = 0, batch: int = 1) -> float:
         """Estimated seconds of a forward of ``q`` tokens after ``context`` tokens; with ``batch`` rows, of
-        a block of ``q`` tokens in each row after a mean context of ``context`` (interpolated linearly between
+        a block of ``q`` tokens in each row, the longest row after ``context`` (interpolated linearly between
         the batch sizes measured, beyond the largest along the last two)."""
         if batch > 1:
             return self._batched(q, context, batch)
@@ -92,7 +94,8 @@ class CostModel:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CostModel:
         batches = {int(b): cls.from_dict(m) for b, m in (d.get("batches") or {}).items()}
-        return cls(**{k: d[k] for k in ("qs", "contexts", "seconds", "device_name", "key") if k in d},
+        batches = {b: m for b, m in batches.items() if m.rows == STAGGERED}  # equal rows: an older timing, re-timed
+        return cls(**{k: d[k] for k in ("qs", "contexts", "seconds", "device_name", "key", "rows") if k in d},
                    batches=batches)
 
     @classmethod
@@ -194,9 +197,11 @@ def batch_sizes(batch_size: int) -> list[int]:
 def measure_batch(target: Any, vocab_size: int, batch: int, *, qs=QS, contexts=None, repeats: int = 2,
                   warmup: int = 1, seed: int = 0, progress: bool = False, context_length: int | None = None,
                   most_tokens: int | None = None) -> CostModel:
-    """Time a batched verification (``forward_rows`` with a block of q tokens in each of ``batch`` rows, every
-    row after the same context, then every row compacted) for the block sizes whose total stays within
-    ``most_tokens`` (:data:`BATCH_TOKENS`, four times that on a GPU); larger blocks extend the last slope."""
+    """Time a batched verification (``forward_rows`` with a block of q tokens in each of ``batch`` rows, then
+    every row compacted) for the block sizes whose total stays within ``most_tokens`` (:data:`BATCH_TOKENS`,
+    four times that on a GPU); larger blocks extend the last slope. The rows sit at staggered lengths, from the
+    context down to half of it, as a batch's requests do (attention reads up to the longest row): the curve is
+    keyed by the longest row's context."""
     from specbench.provenance import device_name
 
     contexts = tuple(contexts) if contexts else contexts_for(target, context_length, qs)[:2]
@@ -206,10 +211,10 @@ def measure_batch(target: Any, vocab_size: int, batch: int, *, qs=QS, contexts=N
     seconds: list[list[float]] = []
     for ctx in contexts:
         cache = target.new_cache(batch, limit=ctx + max(qs) + 1)
-        prompts = [torch.randint(0, vocab_size, (max(ctx, 1),), generator=gen).tolist() for _ in range(batch)]
+        lengths = [max(1, ctx - (ctx * r) // (2 * batch)) for r in range(batch)]
+        prompts = [torch.randint(0, vocab_size, (n,), generator=gen).tolist() for n in lengths]
         for slot, prompt in enumerate(prompts):
             target.prefill(prompt, cache, slot=slot)
-        past = cache.lengths[0]
         row = []
         for q in timed:
             drafts = [_tree(q, vocab_size, gen)] * batch
@@ -223,13 +228,13 @@ def measure_batch(target: Any, vocab_size: int, batch: int, *, qs=QS, contexts=N
                 target.sync()
                 if r >= warmup:
                     times.append(perf_counter() - t0)
-                cache.crop(past)
+                cache.crop(-len(keeps[0]))
             row.append(min(times))
             if progress:
                 print(f"  batch {batch}, context {ctx}, q {q}: {1000 * row[-1]:.1f} ms", file=sys.stderr)
         row = monotone(row)
         seconds.append(row + _extend(timed, row, qs[len(timed):]))
-    return CostModel(list(qs), list(contexts), seconds, device_name=device_name(target.device))
+    return CostModel(list(qs), list(contexts), seconds, device_name=device_name(target.device), rows=STAGGERED)
 
 
 def _extend(qs: list[int], row: list[float], beyond) -> list[float]:

@@ -11,7 +11,7 @@ import torch
 
 from specbench.budget import costs
 from specbench.budget.batch import BatchBudget, RowShare, best_block, best_first
-from specbench.budget.costs import CostModel, batch_sizes, load_or_measure, measure_batch
+from specbench.budget.costs import STAGGERED, CostModel, batch_sizes, load_or_measure, measure_batch
 from specbench.core.decode import Request, decode_batch, generate
 from specbench.core.draft import Draft, Drafter
 from specbench.core.forward import Target
@@ -25,7 +25,7 @@ from tests.run.test_batch_run import cfg_for
 def curve(batches: dict[int, list[float]], one=(1.0, 1.0)) -> CostModel:
     """t(q) at q = 1 and 64 for batch size 1 and for each of ``batches``."""
     return CostModel([1, 64], [0], [list(one)],
-                     batches={b: CostModel([1, 64], [0], [list(s)]) for b, s in batches.items()})
+                     batches={b: CostModel([1, 64], [0], [list(s)], rows=STAGGERED) for b, s in batches.items()})
 
 
 FLAT = curve({4: [1.0, 1.0]})  # a GPU's: 64 tokens a row cost what one does, at batch 4 too
@@ -39,12 +39,16 @@ def test_the_batched_curve_interpolates_between_batch_sizes_and_survives_a_round
     assert m(64, 0, 6) == pytest.approx(13.0)  # beyond the largest: along the last two
     back = CostModel.from_dict(m.to_dict())
     assert back == m and back.batches[4](64) == 8.0
+    older = m.to_dict()
+    older["batches"]["4"]["rows"] = ""  # timed with equal rows, before rows were staggered: dropped, re-timed
+    assert sorted(CostModel.from_dict(older).batches) == [2]
     with pytest.raises(ValueError, match="no curve measured at batch size 2"):
         CostModel([1], [0], [[1.0]])(1, 0, 2)
     assert batch_sizes(1) == [] and batch_sizes(8) == [2, 4, 8] and batch_sizes(6) == [2, 4, 6]
     share = RowShare(m)
     share.at(4, 0)
-    assert share(64, 999) == pytest.approx(2.0)  # a row's quarter of a batch step, at the batch's context
+    # a row's quarter of the plain step (4 / 4) and the whole rise its block makes (8 − 4), at the batch's context
+    assert share(64, 999) == pytest.approx(5.0) and share(1, 999) == pytest.approx(1.0)
     share.at(1, 0)
     assert share(64, 0) == 2.0
 
@@ -105,6 +109,18 @@ def test_a_batch_drafts_under_a_flat_curve_and_nothing_where_tokens_are_paid_for
         assert rec.output_ids == expected[1] and sum(rec.step_accepted) > 0
 
 
+def test_a_batch_step_is_priced_at_its_longest_row():
+    """Attention reads up to the longest row: the step's context is the longest row's, not the mean."""
+    m = CostModel([1, 64], [0], [[1.0, 1.0]], batches={2: CostModel([1, 64], [0, 100], [[1.0, 2.0], [3.0, 9.0]],
+                                                                    rows=STAGGERED)})
+    budget = BatchBudget(m)
+    planners = [budget.planner(), budget.planner().spawn()]
+    for p in planners:
+        p.cap()
+    budget(planners, [Draft(), Draft()], [[1] * 10, [1] * 90])
+    assert budget.share.context == 90 and budget.share(1) == pytest.approx(m(1, 90, 2) / 2)
+
+
 def test_planners_spawned_for_a_batch_share_what_they_learn():
     first = BatchBudget(FLAT).planner()
     other = first.spawn()
@@ -127,7 +143,10 @@ def test_the_batched_curve_is_measured_and_joins_the_cached_one(tiny_llama, tmp_
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
     clock, forward_rows = Clock(), Target.forward_rows
 
+    lengths = []
+
     def timed(self, roots, drafts, cache, *args, **kwargs):
+        lengths.append(list(cache.lengths[: len(roots)]))
         clock.now += 0.001 * len(roots) * (1 + len(drafts[0]))
         return forward_rows(self, roots, drafts, cache, *args, **kwargs)
 
@@ -137,6 +156,8 @@ def test_the_batched_curve_is_measured_and_joins_the_cached_one(tiny_llama, tmp_
     m = measure_batch(target, tiny_llama.vocab_size, 3, qs=(1, 4, 8), contexts=(8,), repeats=1, most_tokens=12)
     # q = 1 and 4 timed (3 and 12 tokens); q = 8 (24 tokens, over 12) along their slope: 12 + 4 × 3 ms
     assert m.qs == [1, 4, 8] and m.seconds[0] == pytest.approx([0.003, 0.012, 0.024])
+    assert lengths[0] == [8, 7, 6] and all(seen == lengths[0] for seen in lengths)  # staggered, restored each time
+    assert m.rows == STAGGERED
     assert target.new_cache(3).lengths == [0, 0, 0]
     one = load_or_measure(tiny_llama, "tiny-llama", "float32", "sdpa", qs=(1, 4), contexts=(8,), repeats=1)
     assert one.batches == {}
