@@ -23,7 +23,7 @@ from specbench.drafting.eagle_head import KINDS, EagleHead, HeadConfig, save_hea
 from specbench.drafting.eagle_training import (
     TTT_STEPS,
     answer_starts,
-    draft_vocabulary,
+    answers_vocabulary,
     encode,
     features_of,
     offline_conversations,
@@ -85,15 +85,15 @@ def main(argv: list[str] | None = None) -> Path:
         tmp = private_tmp(data_file)
         torch.save(data, tmp)
         atomic_publish(tmp, data_file)
-    if args.kind == "eagle3":
-        d2t = draft_vocabulary(sequences, args.draft_vocab)
-        kind_cfg.draft_vocab_size = d2t.numel()
     data = [(ids, feats, start) for (ids, feats, *_), start in
             zip(data, answer_starts(loaded.tokenizer, pairs, sequences), strict=True)]  # EAGLE's loss: the answers
     n_held = max(1, round(len(data) * args.heldout))
     heldout, train_set = data[:n_held], data[n_held:][: args.conversations or None]
     if not train_set:
         raise ConfigError("too few conversations to train on: raise --conversations or lower --heldout")
+    if args.kind == "eagle3":  # the reference's: the answers' tokens of the training split alone
+        d2t = answers_vocabulary(train_set, args.draft_vocab)
+        kind_cfg.draft_vocab_size = d2t.numel()
     torch.manual_seed(int(cfg.seed))
     if medusa:
         return _train_medusa(args, loaded, data, train_set, heldout, work, out, started)

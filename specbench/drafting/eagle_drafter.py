@@ -31,8 +31,9 @@ import torch
 from specbench.core.draft import SOURCE_HEAD, DecodeState, Draft, Drafter, VerifyResult
 from specbench.core.forward import runs_on, upload
 from specbench.drafting.dynamic_tree import grow, rerank
-from specbench.drafting.eagle_head import EagleHead, HeadCache
+from specbench.drafting.eagle_head import EagleHead
 from specbench.drafting.head_formats import load_head
+from specbench.drafting.head_parts import HeadCache
 from specbench.errors import ConfigError
 from specbench.models.packed import PackedLinear, pack_linears
 from specbench.paths import cache_root
@@ -229,6 +230,8 @@ class HeadDrafter(Drafter):
         self.dtype = draft_head_dtype(self.config.draft_dtype, target_lm)
         self.lm_head = draft_lm_head(target_lm, self.dtype) if head.c.kind == "eagle" else target_lm
         self.head: EagleHead = head.to(device=device, dtype=self.dtype).eval()
+        if head.c.own_embedding:  # a speculators head's own table (vLLM embeds with it), else the target's
+            self.embed = self.head.embed_tokens
         if isinstance(target_lm, PackedLinear):  # the target's layers are prepacked (hardware.linear): the head's too
             pack_linears(self.head)
         self.device = device
@@ -318,7 +321,7 @@ class HeadDrafter(Drafter):
 
         def expand(level: list[int], tree) -> torch.Tensor:
             parents = [tree.parents[i] for i in level]
-            feat = torch.cat([root_hidden if p < 0 else hidden[p][None] for p in parents])
+            feat = self.head.feed(torch.cat([root_hidden if p < 0 else hidden[p][None] for p in parents]))
             seen = []
             for i in level:
                 chain, p = [], tree.parents[i]

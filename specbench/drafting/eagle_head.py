@@ -12,7 +12,10 @@
   attends over their concatenation (2H → H), adds the feature back (the normed one with
   ``norm_before_residual``); ``norm`` and its own ``lm_head`` give
   logits over a reduced draft vocabulary, mapped to the target's by ``d2t`` (target id = draft id +
-  ``d2t[draft id]``). Deeper draft steps feed the layer's own output back (no ``fc``).
+  ``d2t[draft id]``). Deeper draft steps feed the layer's own output back (no ``fc``). Current speculators
+  heads add options, read as vLLM reads them: ``norm_before_fc`` (an RMSNorm, ``input_norm``, over the
+  concatenated states before ``fc``), ``norm_output`` (deeper steps read the normed output, the state the LM
+  head reads), a ``sliding_window`` over the draft layer's keys, and a token embedding of the head's own.
 
 Refused, each in one line: a draft vocabulary smaller than the target's without ``d2t``; a head whose layer
 is not as wide as the target's states (``hidden_size`` ≠ ``target_hidden_size``: it would embed tokens with a
@@ -24,7 +27,8 @@ of any type transformers knows (``linear`` and ``dynamic`` as EAGLE's reference 
 Both read ``config.json`` (a one-layer ``LlamaConfig``) and ``pytorch_model.bin`` or ``model.safetensors``
 with the reference's key names (``fc.weight``, ``layers.0.self_attn.q_proj.weight``, ``midlayer.…``,
 ``d2t``); :func:`save_head` writes the same, so a head trained here and one from the hub load alike. The
-embedding is always the target's (a checkpoint's copy of it is ignored).
+embedding is the target's unless the head carries its own (``own_embedding``; a speculators head's
+``embed_tokens``); an EAGLE-layout checkpoint's copy of the target's is ignored.
 
 The head keeps a KV cache of its own (:class:`HeadCache`) over the committed positions; a draft tree's
 entries are appended after them and cropped away once the step is verified.
@@ -41,6 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specbench.core.attention import grouped_sdpa
+from specbench.drafting.head_parts import HeadCache, RMSNorm, Rotary, reference_scaling, scaling_of
 from specbench.errors import ConfigError
 
 KINDS = ("eagle", "eagle3")
@@ -71,6 +76,10 @@ class HeadConfig:
     aux_layers: tuple[int, ...] = ()  # EAGLE-3's hidden-state indices when its config names them (else 2, L/2, L-3)
     target_hidden_size: int = 0  # the width of the target's states ``fc`` reads (0: hidden_size)
     norm_before_residual: bool = False  # EAGLE-3: the residual is the normed feature (speculators' option)
+    norm_before_fc: bool = False  # EAGLE-3: an RMSNorm over the concatenated target states before fc
+    norm_output: bool = False  # EAGLE-3: deeper draft steps read the normed output (else the raw one)
+    sliding_window: int = 0  # the draft layer attends to the last this many positions (0: all)
+    own_embedding: bool = False  # EAGLE-3: the head embeds tokens with a table of its own (else the target's)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -123,8 +132,11 @@ class HeadConfig:
             out["target_hidden_size"] = self.target_hidden_size
             if self.aux_layers:
                 out["eagle_aux_hidden_state_layer_ids"] = list(self.aux_layers)
-            if self.norm_before_residual:
-                out["norm_before_residual"] = True
+            for key in ("norm_before_residual", "norm_before_fc", "norm_output", "own_embedding"):
+                if getattr(self, key):
+                    out[key] = True
+        if self.sliding_window:
+            out["sliding_window"] = self.sliding_window
         return out
 
     @classmethod
@@ -143,127 +155,20 @@ class HeadConfig:
                    target_layers=data.get("target_num_hidden_layers", target_layers),
                    head_dim=data.get("head_dim") or 0, aux_layers=aux_layers_of(data) if kind == "eagle3" else (),
                    target_hidden_size=data.get("target_hidden_size") or 0,
-                   norm_before_residual=bool(data.get("norm_before_residual", False)))
+                   norm_before_residual=bool(data.get("norm_before_residual", False)),
+                   norm_before_fc=bool(data.get("norm_before_fc", False)), norm_output=bool(data.get("norm_output")),
+                   sliding_window=int(data.get("sliding_window") or 0), own_embedding=bool(data.get("own_embedding")))
 
 
 def aux_layers_of(data: dict) -> tuple[int, ...]:
     """The hidden-state indices (``output_hidden_states``' numbering: index i is layer i's input) an EAGLE-3
-    config names. A top-level ``eagle_aux_hidden_state_layer_ids`` is read as vLLM reads it (those indices);
+    config names, in ascending order as vLLM and EAGLE concatenate them whatever order the config lists. A top-level ``eagle_aux_hidden_state_layer_ids`` is read as vLLM reads it (those indices);
     one inside ``eagle_config`` (SpecForge's, for SGLang) as SGLang reads it: layer outputs (index + 1) when
     its first id is 1, else indices."""
     if data.get("eagle_aux_hidden_state_layer_ids"):
-        return tuple(int(i) for i in data["eagle_aux_hidden_state_layer_ids"])
-    ids = [int(i) for i in (data.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or []]
+        return tuple(sorted(int(i) for i in data["eagle_aux_hidden_state_layer_ids"]))
+    ids = sorted(int(i) for i in (data.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or [])
     return tuple(i + 1 for i in ids) if ids and ids[0] == 1 else tuple(ids)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.weight, self.eps = nn.Parameter(torch.ones(size)), eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
-
-
-def reference_scaling(rope: dict) -> dict:
-    """``rope_scaling`` as EAGLE's loader reads it (linear, dynamic: {type, factor}), else transformers' (README)."""
-    ok = rope["rope_type"] in ("linear", "dynamic") and set(rope) == {"rope_type", "factor"}
-    return {"type": rope["rope_type"], "factor": rope["factor"]} if ok else dict(rope)
-
-
-def scaling_of(rope: dict | None) -> dict | None:
-    """A config's RoPE scaling with its type under ``rope_type`` (old configs say ``type``), or None for plain RoPE."""
-    rope = {k: v for k, v in (rope or {}).items() if k != "rope_theta"}
-    kind = rope.pop("rope_type", None) or rope.pop("type", None)
-    rope.pop("type", None)
-    return None if kind in (None, "default") else {"rope_type": kind, **rope}
-
-
-class Rotary(nn.Module):
-    """Rotary position embedding (Llama's half-split layout) as a head's config gives it."""
-
-    def __init__(self, c: HeadConfig) -> None:
-        super().__init__()
-        self.c = c
-        self.scale = 1.0  # transformers' attention factor (yarn, longrope)
-        self.inv: torch.Tensor | None = None
-        self.inv_len = 0  # the positions ``dynamic`` scaling computed ``inv`` for
-
-    def frequencies(self, device, length: int) -> torch.Tensor:
-        c = self.c
-        dynamic = c.rope_scaling is not None and c.rope_scaling["rope_type"] == "dynamic"
-        if self.inv is None or self.inv.device != device or (dynamic and length > self.inv_len):
-            if c.rope_scaling is None:
-                d = c.head_dim
-                self.inv = 1.0 / c.rope_theta ** (torch.arange(0, d, 2, device=device, dtype=torch.float32) / d)
-            else:
-                from transformers import LlamaConfig
-                from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-                cfg = LlamaConfig(hidden_size=c.hidden_size, num_attention_heads=c.num_attention_heads,
-                                  head_dim=c.head_dim, rope_theta=c.rope_theta, rope_scaling=dict(c.rope_scaling),
-                                  max_position_embeddings=max(c.max_position_embeddings,
-                                                              c.rope_scaling.get("original_max_position_embeddings", 0)))
-                inv, self.scale = ROPE_INIT_FUNCTIONS[c.rope_scaling["rope_type"]](
-                    cfg, device, **({"seq_len": max(length, c.max_position_embeddings)} if dynamic else {}))
-                self.inv = inv.float()
-            self.inv_len = max(length, c.max_position_embeddings)
-        return self.inv
-
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """``x`` [heads, n, d] rotated to ``positions`` [n]."""
-        d = x.shape[-1]
-        dynamic = self.c.rope_scaling is not None and self.c.rope_scaling["rope_type"] == "dynamic"
-        # only dynamic scaling depends on how far positions reach: reading that is a host sync
-        inv = self.frequencies(x.device, int(positions.max()) + 1 if dynamic and positions.numel() else 0)
-        ang = positions.to(torch.float32)[:, None] * inv[None]
-        ang = torch.cat([ang, ang], -1)
-        cos, sin = (ang.cos() * self.scale).to(x.dtype), (ang.sin() * self.scale).to(x.dtype)
-        x1, x2 = x[..., : d // 2], x[..., d // 2 :]
-        return x * cos + torch.cat([-x2, x1], -1) * sin
-
-
-class HeadCache:
-    """The head's keys and values ([kv_heads, length, head_dim]): the committed positions first.
-
-    Drafting appends into buffers that grow by doubling (one copy per doubling, not one per tree level) and
-    crops by moving the length back; under autograd (training), whose graph must not see in-place writes,
-    it concatenates instead."""
-
-    def __init__(self) -> None:
-        self.keys: torch.Tensor | None = None
-        self.values: torch.Tensor | None = None
-        self.length = 0
-
-    def __len__(self) -> int:
-        return self.length
-
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        end = self.length + k.shape[1]
-        if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):
-            if self.keys is None or self.length == 0:
-                self.keys, self.values = k, v
-            else:
-                self.keys = torch.cat([self.keys[:, : self.length], k], 1)
-                self.values = torch.cat([self.values[:, : self.length], v], 1)
-        else:
-            if self.keys is None or end > self.keys.shape[1] or self.keys.requires_grad:
-                capacity = max(64, 2 * end)
-                keys = k.new_empty(k.shape[0], capacity, k.shape[2])
-                values = v.new_empty(v.shape[0], capacity, v.shape[2])
-                if self.keys is not None and self.length:
-                    keys[:, : self.length] = self.keys[:, : self.length]
-                    values[:, : self.length] = self.values[:, : self.length]
-                self.keys, self.values = keys, values
-            self.keys[:, self.length : end] = k
-            self.values[:, self.length : end] = v
-        self.length = end
-        return self.keys[:, :end], self.values[:, :end]
-
-    def crop(self, length: int) -> None:
-        self.length = min(self.length, length)
 
 
 class Attention(nn.Module):
@@ -284,8 +189,13 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(n, c.num_key_value_heads, c.head_dim).transpose(0, 1)
         v = self.v_proj(x).view(n, c.num_key_value_heads, c.head_dim).transpose(0, 1)
         q, k = self.rotary(q, positions), self.rotary(k, positions)
+        window = c.sliding_window
         if cache is not None:
-            k, v = cache.append(k, v)
+            k, v = cache.append(k, v, positions if window else None)
+        if window:  # a key is seen within the last ``window`` positions (Mistral's and transformers' rule)
+            keys = cache.positions[: len(cache)] if cache is not None else positions
+            near = positions[:, None] - keys[None, :] < window
+            visible = near & (keys[None, :] <= positions[:, None] if visible is None else visible)
         return self.o_proj(grouped_sdpa(q, k, v, visible).transpose(0, 1).reshape(n, -1))
 
 
@@ -336,8 +246,11 @@ class EagleHead(nn.Module):
             self.fc = nn.Linear(2 * h, h, bias=c.bias)
             self.layers = nn.ModuleList([Layer(c)])
         else:
-            self.fc = nn.Linear(len(c.feature_layers()) * c.target_hidden_size, h, bias=False)
+            width = len(c.feature_layers()) * c.target_hidden_size
+            self.input_norm = RMSNorm(width, c.rms_norm_eps) if c.norm_before_fc else None
+            self.fc = nn.Linear(width, h, bias=False)
             self.midlayer = Layer(c)
+            self.embed_tokens = nn.Embedding(c.vocab_size, h) if c.own_embedding else None
             self.norm = RMSNorm(h, c.rms_norm_eps)
             dv = c.draft_vocab_size or c.vocab_size
             self.lm_head = nn.Linear(h, dv, bias=False)
@@ -351,7 +264,13 @@ class EagleHead(nn.Module):
         """The head's input feature [n, H] from the target's states ({layer: [n, H]})."""
         if self.c.kind == "eagle":
             return features[-1]
-        return self.fc(torch.cat([features[i] for i in self.feature_layers], -1))
+        joined = torch.cat([features[i] for i in self.feature_layers], -1)
+        return self.fc(joined if self.input_norm is None else self.input_norm(joined))
+
+    def feed(self, hidden: torch.Tensor) -> torch.Tensor:
+        """What a deeper draft step reads of this step's output: the output, or with ``norm_output`` its
+        normed state (the one the LM head reads)."""
+        return self.norm(hidden) if self.c.kind == "eagle3" and self.c.norm_output else hidden
 
     def forward(self, feature: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor,
                 cache: HeadCache | None = None, visible: torch.Tensor | None = None) -> torch.Tensor:

@@ -14,7 +14,8 @@ noise is uniform, ±0.1 × 512 / length, as the reference adds it. EAGLE-3 (no f
 cross-entropy alone, over the head's draft vocabulary, with the training-time test: the head's own outputs
 fed back for ``steps`` draft steps (seven, the reference's), step s weighted 0.8 ** s (:func:`head_loss`);
 as the reference, a position counts only in the answer and when the target's token is in the draft
-vocabulary, and the sum is divided by all of the step's positions.
+vocabulary, and the sum is divided by the sequence's length at every step (the reference's mean over all
+of its positions).
 
 Held-out: the loss and the head's top-1 agreement with the target's next token at the held-out
 conversations' answer positions, teacher-forced (the acceptance rate of a depth-1 guess, α), and with the
@@ -36,7 +37,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from specbench.drafting.eagle_head import EagleHead, HeadCache
+from specbench.drafting.eagle_head import EagleHead
+from specbench.drafting.head_parts import HeadCache
 
 W_CLS = 0.1  # the classification loss's weight (the reference's p_w)
 NOISE = 0.1  # uniform noise half-width on input features, at 512 tokens (the reference's std 0.2 → ±0.1)
@@ -174,7 +176,7 @@ def head_loss(head: EagleHead, lm_weight: torch.Tensor, embed: torch.nn.Module, 
             used = head.to_target_ids(torch.arange(logits.shape[1]))
             counted = torch.isin(truth, used) & answer
             ce = -(target_logits[:, used].softmax(-1) * logits.log_softmax(-1)).sum(-1)
-            loss = (ce * counted).sum() / rows
+            loss = (ce * counted).sum() / n
             guess = head.to_target_ids(logits.argmax(-1))
         total = total + TTT_DECAY ** s * loss
         right.append(float((guess == truth)[answer].sum()))
@@ -199,15 +201,23 @@ def unroll(head: EagleHead, x: torch.Tensor, embeds, steps: int) -> Iterator[tor
             for i in range(1, s + 1):  # the chain's own entries at t: steps 1 … s
                 visible[r, base + r] = True
                 base += m - i
-        x = head(x[:rows], embeds(s + 1, s + 1 + rows), torch.arange(s, s + rows, device=x.device), cache, visible)
+        x = head(x[:rows] if s == 0 else head.feed(x[:rows]), embeds(s + 1, s + 1 + rows),
+                 torch.arange(s, s + rows, device=x.device), cache, visible)
         yield x
 
 
 def draft_vocabulary(sequences: list[list[int]], size: int) -> torch.Tensor:
-    """EAGLE-3's ``d2t`` for the ``size`` most frequent tokens of ``sequences`` (ascending target ids)."""
+    """EAGLE-3's ``d2t`` for the ``size`` most frequent tokens of ``sequences`` (ascending target ids): the
+    reference counts the answers' tokens of the training split, what the caller passes."""
     counts = torch.bincount(torch.tensor([t for s in sequences for t in s]))
     used = torch.sort(counts.topk(min(size, counts.numel())).indices).values
     return used - torch.arange(used.numel())
+
+
+def answers_vocabulary(train_set, size: int) -> torch.Tensor:
+    """EAGLE-3's ``d2t`` as the reference builds it: from the answers' tokens of the training conversations
+    (data items, :func:`item`), the prompts and the held-out ones left out."""
+    return draft_vocabulary([item(entry)[0][item(entry)[2]:].tolist() for entry in train_set], size)
 
 
 def evaluate(head, lm_weight, embed, data, steps: int = 1) -> tuple[float, list[float]]:

@@ -11,11 +11,17 @@ indices as vLLM numbers them: index i is layer i's input); EAGLE-1/2 adds ``fusi
 The weights (``model.safetensors`` or ``pytorch_model.bin``) are renamed to :class:`EagleHead`'s:
 
 * ``eagle``: ``fusion_fc.*`` → ``fc.*``, ``transformer.*`` → ``layers.0.*``;
-* ``eagle3``: ``layers.0.*`` → ``midlayer.*``; ``fc``, ``norm``, ``lm_head``, ``d2t`` keep their names;
-  ``t2d``, ``embed_tokens`` (the target's) and the verifier's ``verifier_*`` copies are dropped.
+* ``eagle3``: ``layers.0.*`` → ``midlayer.*``; ``fc``, ``norm``, ``lm_head``, ``d2t``, ``input_norm``
+  (``norm_before_fc``) and ``embed_tokens`` keep their names (an embedding in the weights is the head's own, as
+  vLLM reads it); ``t2d`` and the verifier's ``verifier_*`` copies are dropped. The options current
+  speculators training writes are read as vLLM reads them: ``norm_before_fc`` (an RMSNorm over the
+  concatenated target states before ``fc``), ``norm_output`` (deeper steps read the normed output), the draft
+  layer's ``sliding_window`` (where its ``layer_types`` say ``sliding_attention``); ``norm_before_residual``
+  and ``norm_output`` are off when absent.
 
-Refused in one line: another ``speculators_model_type``; a layer that is not Llama's; more than one draft
-layer; HASS's extra norms (``layernorms``); gpt-oss's norm before ``fc`` (``norm_before_fc``).
+Refused in one line: a head whose ``speculators_config.verifier`` names another hub model than the target's;
+another ``speculators_model_type``; a layer that is not Llama's; more than one draft
+layer; HASS's extra norms (``layernorms``); EAGLE 3.1's per-state norms before ``fc`` (``fc_norm``).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from pathlib import Path
 import torch
 
 from specbench.drafting.eagle_head import EagleHead, HeadConfig, read_state
+from specbench.drafting.medusa_head import _hub_id
 from specbench.errors import ConfigError
 
 READ = ("eagle", "eagle3")
@@ -68,19 +75,33 @@ def read_speculators(directory: Path, data: dict, target_layers: int) -> tuple[H
                               "(layernorms: true), which EAGLE-1/2 heads here do not: use a head without them")
         c.bias = bool(data.get("fusion_bias", False))
     else:
-        if data.get("norm_before_fc"):
-            raise ConfigError(f"eagle head in {directory}: it normalises the fused states before fc "
-                              "(norm_before_fc: true), which is not read here: use a head without it")
+        if data.get("fc_norm"):
+            raise ConfigError(f"eagle head in {directory}: it normalises each target state apart before fc "
+                              "(fc_norm: true, EAGLE 3.1's), which is not read here: use a head without it")
         c.norm_before_residual = bool(data.get("norm_before_residual", False))
+        c.norm_before_fc, c.norm_output = bool(data.get("norm_before_fc")), bool(data.get("norm_output"))
+        c.sliding_window = window_of(data.get("transformer_layer_config") or {})
         c.target_hidden_size = int(data.get("target_hidden_size") or c.hidden_size)
-        c.aux_layers = tuple(int(i) for i in data.get("eagle_aux_hidden_state_layer_ids") or ())
-    return c, renamed(kind, read_state(directory))
+        c.aux_layers = tuple(sorted(int(i) for i in data.get("eagle_aux_hidden_state_layer_ids") or ()))
+    state = renamed(kind, read_state(directory))
+    c.own_embedding = kind == "eagle3" and "embed_tokens.weight" in state  # vLLM embeds with a head's own table
+    return c, state
+
+
+def window_of(layer: dict) -> int:
+    """The draft layer's sliding window (0: none): ``sliding_window`` where its ``layer_types`` (if listed) say
+    ``sliding_attention`` and ``use_sliding_window`` is not false."""
+    kinds = layer.get("layer_types") or ["sliding_attention"]
+    if not layer.get("sliding_window") or layer.get("use_sliding_window") is False or kinds[0] != "sliding_attention":
+        return 0
+    return int(layer["sliding_window"])
 
 
 def renamed(kind: str, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A speculators state dict under :class:`EagleHead`'s key names (what the head does not read dropped)."""
     moves = (("fusion_fc.", "fc."), ("transformer.", "layers.0.")) if kind == "eagle" else (("layers.0.", "midlayer."),)
-    dropped = DROPPED if kind == "eagle" else tuple(d for d in DROPPED if d != "lm_head.")  # EAGLE-3's is its own
+    # EAGLE-3's LM head is its own, and so is an embedding it carries (vLLM embeds with it)
+    dropped = DROPPED if kind == "eagle" else tuple(d for d in DROPPED if d not in ("lm_head.", "embed_tokens."))
     out = {}
     for key, value in state.items():
         if key.startswith(dropped):
@@ -105,6 +126,11 @@ def load_head(directory: Path, target_config) -> EagleHead:
     data = json.loads(cfg_path.read_text())
     if "speculators_model_type" in data:
         c, state = read_speculators(directory, data, tc.num_hidden_layers)
+        verifier = str(((data.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path") or "")
+        target = str(getattr(target_config, "_name_or_path", ""))
+        if _hub_id(verifier) and _hub_id(target) and verifier.lower() != target.lower():
+            raise ConfigError(f"eagle head in {directory} was trained for {verifier} (speculators_config.verifier), "
+                              f"not for the target {target}: use the head published for this target")
     else:
         c, state = HeadConfig.from_json(data, tc.num_hidden_layers), read_state(directory)
     if c.target_hidden_size != tc.hidden_size or (c.vocab_size and c.vocab_size != tc.vocab_size):
@@ -122,7 +148,8 @@ def load_head(directory: Path, target_config) -> EagleHead:
             f"eagle head in {directory}: eagle_aux_hidden_state_layer_ids {list(c.aux_layers)} name states the "
             f"target ({tc.num_hidden_layers} layers) has no input of a layer for: use the head trained for this target")
     head = EagleHead(c)
-    state = {k: v for k, v in state.items() if not k.startswith("embed_tokens")}
+    if not c.own_embedding:
+        state = {k: v for k, v in state.items() if not k.startswith("embed_tokens")}
     if c.kind == "eagle3":
         state.pop("t2d", None)
         if "d2t" not in state:

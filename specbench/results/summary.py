@@ -18,7 +18,7 @@ from specbench.results.metrics import BASELINE, QUALITY_COLUMNS, summarize, with
 from specbench.results.stats import bootstrap_interval
 from specbench.results.table import _fmt, format_interval
 
-KEYS = ("model", "dataset", "preset", "temperature", "batch_size")
+KEYS = ("model", "dataset", "preset", "temperature", "batch_size", "request_rate", "max_concurrency")
 LEGEND = {
     "prompts": "distinct prompts (samples of the dataset); a multi-turn prompt's turns count once",
     "gens": "generations recorded: prompts × turns × repeats",
@@ -42,6 +42,18 @@ LEGEND = {
                    "prompts; its speedup is over llama.cpp:ar, its own autoregressive run; its greedy match too",
 }
 COLUMNS = tuple(k for k in LEGEND if k not in ("quality", "engine rows"))
+# The serving table, printed under the summary for batched runs and runs at a request rate (docs/batches.md).
+SERVING_LEGEND = {
+    "B": "batch size; rate: requests per second arriving (inf: all at once); C: the most requests in flight",
+    "out tok/s": "output tokens per second over the runs' spans (first arrival to last finish)",
+    "× AR": "that throughput ÷ the autoregressive baseline's at the same load, [95% interval over repeats]; "
+            "faster or slower by that interval",
+    "TTFT": "mean time to first token from arrival (ms); TPOT: mean (E2E − TTFT) / (tokens − 1) (ms)",
+    "ITL p50/p90": "inter-token latency percentiles: gaps between a request's successive steps (ms)",
+    "E2E": "mean end-to-end latency from arrival (ms); occupancy: mean requests being decoded",
+}
+SERVING = ("ttft_ms", "tpot_ms", "itl_p50_ms", "itl_p90_ms", "e2e_ms", "output_throughput", "request_throughput",
+           "occupancy", "throughput_speedup", "throughput_lo", "throughput_hi", "throughput_verdict")
 
 
 def _rate(g: pd.DataFrame) -> tuple[float, float, float]:
@@ -64,12 +76,16 @@ def summary_frame(df: pd.DataFrame, published: Callable[[dict], tuple[float, flo
     full = summarize(df, same_job=same_job)
     keys = [k for k in KEYS if k in full.columns]
     rates = {}
-    for key, g in df.assign(batch_size=df["batch_size"].fillna(1).astype(int) if "batch_size" in df else 1
-                            ).groupby(keys, dropna=False, sort=False):
-        rates[key if isinstance(key, tuple) else (key,)] = _rate(g)
+    df = df.assign(batch_size=df["batch_size"].fillna(1).astype(int) if "batch_size" in df else 1)
+    if "max_concurrency" in keys:  # as summarize reads them: older rows ran batch_size in flight
+        df = df.assign(max_concurrency=(df["max_concurrency"].fillna(df["batch_size"]) if "max_concurrency" in df
+                                        else df["batch_size"]).astype(int),
+                       request_rate=df["request_rate"].astype(float) if "request_rate" in df else math.nan)
+    for key, g in df.groupby([k for k in keys if k in df.columns], dropna=False, sort=False):
+        rates[tuple(map(str, key if isinstance(key, tuple) else (key,)))] = _rate(g)
     rows = []
     for _, r in full.iterrows():
-        key = tuple(r[k] for k in keys)
+        key = tuple(str(r[k]) for k in keys)
         rate, lo, hi = rates.get(key, (math.nan, math.nan, math.nan))
         row = {k: r[k] for k in keys}
         row.update(method=r["method"], engine=r.get("engine", ""), prompts=int(r["n_prompts"]), gens=int(r["n_samples"]),
@@ -81,11 +97,13 @@ def summary_frame(df: pd.DataFrame, published: Callable[[dict], tuple[float, flo
                    tokens_per_s=rate, tokens_per_s_lo=lo, tokens_per_s_hi=hi, mac_tp=r["mac_tp"],
                    mic_tp=r["mic_tp"], greedy_match=r["greedy_match"], draft_ms_per_step=r["overhead_ms_per_step"])
         row.update({c: r[c] for c in QUALITY_COLUMNS if c in r})
+        row.update({c: r[c] for c in SERVING if c in r})
         row["paper_speedup"], row["paper_tau"] = published(row) if published else (math.nan, math.nan)
         rows.append(row)
     out = pd.DataFrame(rows)
-    return out.sort_values([k for k in ("model", "dataset", "temperature", "batch_size") if k in out.columns]
-                           + ["speedup"], ascending=[True] * (len(keys) - 1) + [False], kind="stable",
+    order = [k for k in ("model", "dataset", "temperature", "batch_size", "request_rate", "max_concurrency")
+             if k in out.columns]
+    return out.sort_values(order + ["speedup"], ascending=[True] * len(order) + [False], kind="stable",
                            ignore_index=True)
 
 
@@ -93,7 +111,7 @@ def format_summary(summary: pd.DataFrame, legend: bool = True) -> str:
     """The summary as a Markdown table (key columns shown when they vary), with :data:`LEGEND` under it."""
     if summary.empty:
         return "(no results)"
-    varying = [k for k in ("model", "dataset", "temperature", "batch_size")
+    varying = [k for k in ("model", "dataset", "temperature", "batch_size", "request_rate", "max_concurrency")
                if k in summary.columns and summary[k].astype(str).nunique() > 1]
     paper = summary["paper_speedup"].notna().any()
     quality = [c for c in QUALITY_COLUMNS if c in summary.columns and summary[c].notna().any()]
@@ -123,7 +141,39 @@ def format_summary(summary: pd.DataFrame, legend: bool = True) -> str:
     text = "\n".join([render(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(render, lines)])
     engines = "engine" in summary.columns and (summary["engine"].fillna("") != "").any()
     named = [h for h in header if h in LEGEND] + (["quality"] if quality else []) + (["engine rows"] if engines else [])
-    return text + ("\n\n" + format_legend(named) if legend else "")
+    text += "\n\n" + format_legend(named) if legend else ""
+    served = format_serving(summary, legend)
+    return text + ("\n\n" + served if served else "")
+
+
+def format_serving(summary: pd.DataFrame, legend: bool = True) -> str:
+    """The serving figures of the batched and rate-driven rows (none: ""), with :data:`SERVING_LEGEND`."""
+    if "output_throughput" not in summary.columns:
+        return ""
+    rate = summary["request_rate"].astype(float) if "request_rate" in summary.columns else None
+    served = summary[(summary["batch_size"].astype(int) > 1) | (rate.notna() if rate is not None else False)]
+    if served.empty:
+        return ""
+    header = ["preset", "B", "rate", "C", "out tok/s", "× AR", "vs AR", "TTFT", "TPOT", "ITL p50/p90", "E2E",
+              "occupancy"]
+    lines = []
+    for _, r in served.iterrows():
+        base = r["method"] == BASELINE
+        lines.append([str(r["preset"]), str(int(r["batch_size"])), _fmt(r.get("request_rate"), "g"),
+                      str(int(r["max_concurrency"])) if not pd.isna(r.get("max_concurrency")) else "—",
+                      _fmt(r["output_throughput"], ".1f"),
+                      "—" if base else format_interval(r["throughput_speedup"], r["throughput_lo"], r["throughput_hi"],
+                                                       suffix="×"),
+                      "—" if base else (r["throughput_verdict"] or "—"), _fmt(r["ttft_ms"], ".0f"),
+                      _fmt(r["tpot_ms"], ".1f"), f"{_fmt(r['itl_p50_ms'], '.1f')} / {_fmt(r['itl_p90_ms'], '.1f')}",
+                      _fmt(r["e2e_ms"], ".0f"), _fmt(r["occupancy"], ".2f")])
+    widths = [max(len(h), *(len(row[i]) for row in lines)) for i, h in enumerate(header)]
+
+    def render(cells: list[str]) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
+
+    text = "\n".join([render(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(render, lines)])
+    return text + ("\n\n" + "\n".join(f"- {k}: {v}" for k, v in SERVING_LEGEND.items()) if legend else "")
 
 
 def format_legend(columns: list[str] | None = None) -> str:

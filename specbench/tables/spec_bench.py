@@ -43,11 +43,11 @@ SPEC_BENCH_NAMES = {
 }
 SPEC_BENCH_PRESETS = {"sam_decoding-eagle": "SAMD[EAGLE2]"}
 # The settings of the published head rows' runs, as our method parameters (Spec-Bench's evaluation scripts;
-# EAGLE-2's and EAGLE-3's depth in our count of levels, their depth + 1): each such row of ours says whether
-# it ran them.
+# EAGLE-2's and EAGLE-3's depth in our count of levels, their depth + 1; SAM-Decoding's n_predicts = 40
+# counts the root token, so 39 guesses): each such row of ours says whether it ran them.
 PUBLISHED_SETTINGS = {
-    "SAMD[EAGLE2]": {"num_draft": 40, "len_threshold": 5, "len_bias": 5, "eagle_depth": 6, "eagle_top_k": 8,
-                     "eagle_total_tokens": 63},
+    "SAMD[EAGLE2]": {"num_draft": 39, "len_threshold": 5, "len_bias": 5, "eagle_depth": 6, "eagle_top_k": 8,
+                     "eagle_total_tokens": 63, "datastore": None},  # no static automaton (static_sam_path unset)
     "EAGLE2": {"depth": 6, "top_k": 10, "total_tokens": 60},
     "EAGLE3": {"depth": 6, "top_k": 10, "total_tokens": 60},
 }
@@ -105,10 +105,13 @@ def settings_note(preset: str, name: str, params: str | dict | None, dtype: str 
     if published is None:
         return None
     ran = params if isinstance(params, dict) else json.loads(params or "{}")
-    differ = [f"{k} {ran.get(k, '—')} (published {v})" for k, v in published.items() if ran.get(k) != v]
+    def said(v) -> str:
+        return "none" if v is None else str(v)
+
+    differ = [f"{k} {said(ran.get(k))} (published {said(v)})" for k, v in published.items() if ran.get(k) != v]
     if dtype and str(dtype) != PUBLISHED_DTYPE:
         differ.append(f"{dtype} (published {PUBLISHED_DTYPE})")
-    shown = ", ".join(f"{k} {ran.get(k, '—')}" for k in published)
+    shown = ", ".join(f"{k} {said(ran.get(k))}" for k in published)
     verdict = "the published run's settings" if not differ else "differs from the published run: " + "; ".join(differ)
     return f"{preset} ({name}) ran {shown}, {dtype or '—'}: {verdict}."
 

@@ -205,7 +205,7 @@ def test_eagle3_reference_layout_loads_and_maps_its_vocabulary(tmp_path):
 def test_the_head_cache_appends_and_crops_like_concatenation():
     """Appends into doubling buffers and crops by length give what concatenating and slicing give, past
     several doublings; under autograd it concatenates, and gradients flow through it."""
-    from specbench.drafting.eagle_head import HeadCache
+    from specbench.drafting.head_parts import HeadCache
 
     g = torch.Generator().manual_seed(0)
     cache, ref_k, ref_v = HeadCache(), torch.zeros(2, 0, 4), torch.zeros(2, 0, 4)
@@ -252,7 +252,7 @@ def test_head_attention_runs_4d_on_the_stored_kv_heads_and_equals_repeating_them
             torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
         return attn.o_proj((scores.softmax(-1) @ v).transpose(0, 1).reshape(n, -1))
 
-    from specbench.drafting.eagle_head import HeadCache
+    from specbench.drafting.head_parts import HeadCache
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
     with torch.no_grad():
@@ -353,7 +353,7 @@ def test_head_positions_rotate_as_transformers_llama_does(scaling, tmp_path):
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-    from specbench.drafting.eagle_head import Rotary
+    from specbench.drafting.head_parts import Rotary
 
     c = tiny_config("eagle", rope_theta=500000.0, rope_scaling=scaling, max_position_embeddings=128)
     save_head(EagleHead(c), tmp_path)
@@ -504,7 +504,8 @@ def test_eagles_loss_counts_the_answer_alone_as_the_reference_masks_the_prompt(t
 
 def test_eagle3s_cross_entropy_divides_by_every_position_as_the_reference(tiny_llama):
     """EAGLE-3's soft cross-entropy sums over the answer's positions whose target token is in the draft
-    vocabulary and divides by all positions of the step (the reference's mean), not by the counted ones."""
+    vocabulary and divides by the sequence's length n at every step (the reference's mean over all of its
+    positions), neither by the counted ones nor by the step's n − 1 − s rows."""
     model = tiny_llama.model
     ids = torch.tensor([5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16])
     c = HeadConfig.for_target("eagle3", model.config)
@@ -527,8 +528,13 @@ def test_eagle3s_cross_entropy_divides_by_every_position_as_the_reference(tiny_l
         counted = torch.isin(target.argmax(-1), used) & (torch.arange(len(ids) - 1) >= 3)
         assert 0 < int(counted.sum()) < len(ids) - 1 - 3  # some answer positions fall outside the vocabulary
         loss = float(head_loss(head, lm, emb, ids, feats, start=3)[0])
-    assert loss == pytest.approx(float((ce * counted).sum() / (len(ids) - 1)), rel=1e-5)
+        second = list(unroll(head, head.fuse(feats)[:-1], lambda a, b: emb(ids[a:b]).float(), 2))[1]
+        ce2 = -(target[1:][:, used].softmax(-1) * head.logits(second, None).log_softmax(-1)).sum(-1)
+        counted2 = torch.isin(target[1:].argmax(-1), used) & (torch.arange(len(ids) - 2) + 1 >= 3)
+        two = float(head_loss(head, lm, emb, ids, feats, start=3, steps=2)[0])
+    assert loss == pytest.approx(float((ce * counted).sum() / len(ids)), rel=1e-5)
     assert loss < float(ce[counted].mean())  # the mean over counted positions would be larger
+    assert two == pytest.approx(loss + 0.8 * float((ce2 * counted2).sum() / len(ids)), rel=1e-5)
 
 
 def test_answer_starts_are_where_the_template_hands_over_to_the_answer(smollm2):
@@ -549,8 +555,8 @@ def test_answer_starts_are_where_the_template_hands_over_to_the_answer(smollm2):
 def test_the_training_time_test_sees_what_a_draft_chain_sees(tiny_llama):
     """EAGLE-3's unrolled step s at position t (training) computes what drafting computes for the depth-(s+1)
     node of the chain that follows the true tokens after t: same inputs, positions and visible entries."""
-    from specbench.drafting.eagle_head import HeadCache
     from specbench.drafting.eagle_training import unroll
+    from specbench.drafting.head_parts import HeadCache
 
     model = tiny_llama.model
     torch.manual_seed(0)
@@ -797,3 +803,27 @@ def test_train_command_then_a_run_reads_the_head(tmp_path, monkeypatch, capsys):
     assert set(df.method) >= {"eagle", "medusa"} and (df.tau >= 1).all()
     heads = df[df.method != "autoregressive"]
     assert (heads.head_source == "trained here").all() and heads.head_fingerprint.str.len().eq(16).all()
+
+
+def test_eagle3_s_defaults_are_its_preset_s():
+    """A config built in Python drafts what `method=eagle3` drafts: the evaluation scripts' 6 levels."""
+    from methods.eagle3 import Eagle3Config
+    from specbench.run.config import load_preset
+
+    _, preset, _ = load_preset("eagle3")
+    config = Eagle3Config()
+    assert (config.depth, config.top_k, config.total_tokens) == (preset["depth"], preset["top_k"],
+                                                                 preset["total_tokens"])
+
+
+def test_eagle3s_draft_vocabulary_counts_the_training_answers_alone():
+    """The reference's d2t: the most frequent tokens of the training conversations' answers; a token frequent in
+    the prompts (before each answer's start) and nowhere else is left out."""
+    from specbench.drafting.eagle_training import answers_vocabulary
+
+    feats = {-1: torch.zeros(1, 1)}
+    train_set = [(torch.tensor([7, 7, 7, 7, 1, 2, 3]), feats, 4), (torch.tensor([7, 7, 7, 2, 3, 4]), feats, 3)]
+    d2t = answers_vocabulary(train_set, 3)
+    used = (torch.arange(3) + d2t).tolist()
+    assert used == [2, 3, 4] or used == [1, 2, 3]  # the answers' most frequent three; never the prompts' 7
+    assert 7 not in (torch.arange(d2t.numel()) + d2t).tolist()

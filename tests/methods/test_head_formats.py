@@ -108,7 +108,7 @@ def test_the_drafter_reads_the_layers_its_head_names(tiny_llama, tmp_path):
     torch.manual_seed(0)
     save_head(EagleHead(c), tmp_path / "h")
     make = eagle_drafter(tiny_llama, tmp_path / "h", Eagle3, Eagle3Config, depth=3, top_k=3, total_tokens=8)
-    assert make().feature_layers == (1, 0, 1)
+    assert make().feature_layers == (0, 1, 1)  # ascending, as vLLM and EAGLE concatenate them
     assert_greedy_lossless(Target(tiny_llama.model), make, [[5, 6, 7, 8]], 12)
 
 
@@ -140,7 +140,10 @@ def write_speculators(head: EagleHead, directory, *, embed: torch.Tensor | None 
         cfg.update(fusion_bias=c.bias, layernorms=False)
     else:
         cfg.update(draft_vocab_size=head.lm_head.out_features, norm_before_residual=c.norm_before_residual,
-                   target_hidden_size=c.target_hidden_size)
+                   target_hidden_size=c.target_hidden_size, norm_before_fc=c.norm_before_fc,
+                   norm_output=c.norm_output, fc_norm=False)
+        if c.sliding_window:  # as speculators writes a Llama layer with a window
+            layer.update(sliding_window=c.sliding_window, use_sliding_window=True, layer_types=["sliding_attention"])
         if c.aux_layers:
             cfg["eagle_aux_hidden_state_layer_ids"] = list(c.aux_layers)
         t2d = torch.zeros(c.vocab_size, dtype=torch.bool)
@@ -227,7 +230,7 @@ def test_speculators_heads_we_do_not_read_are_refused(tmp_path):
     path = tmp_path / "h" / "config.json"
     cfg = json.loads(path.read_text())
     for change, message in [({"speculators_model_type": "mlp_speculator"}, "speculators_model_type 'mlp_speculator'"),
-                            ({"norm_before_fc": True}, "norm_before_fc"),
+                            ({"fc_norm": True}, "fc_norm"),
                             ({"transformer_layer_config": {**cfg["transformer_layer_config"], "model_type": "qwen3"}},
                              "draft layer is 'qwen3'"),
                             ({"transformer_layer_config": {**cfg["transformer_layer_config"], "num_hidden_layers": 2}},
@@ -239,3 +242,141 @@ def test_speculators_heads_we_do_not_read_are_refused(tmp_path):
     _drop_d2t(tmp_path / "h")
     with pytest.raises(ConfigError, match="without d2t"):
         load_head(tmp_path / "h", target_config())
+
+
+def test_aux_layer_ids_are_fused_in_ascending_order_whatever_order_the_config_lists(tmp_path):
+    """vLLM and EAGLE concatenate the auxiliary states in ascending layer order: a config listing [5, 1, 4] reads
+    its fc's columns as layers 1, 4, 5, in both layouts."""
+    head = _random(EagleHead(tiny_config("eagle3", aux_layers=(1, 4, 5))))
+    write_speculators(head, tmp_path / "s")
+    for directory in (tmp_path / "s",):
+        path = directory / "config.json"
+        cfg = json.loads(path.read_text())
+        cfg["eagle_aux_hidden_state_layer_ids"] = [5, 1, 4]
+        path.write_text(json.dumps(cfg))
+        assert load_head(directory, target_config()).feature_layers == (1, 4, 5)
+    save_head(head, tmp_path / "e")
+    cfg = json.loads((tmp_path / "e" / "config.json").read_text())
+    cfg["eagle_aux_hidden_state_layer_ids"] = [5, 4, 1]
+    (tmp_path / "e" / "config.json").write_text(json.dumps(cfg))
+    assert load_head(tmp_path / "e", target_config()).feature_layers == (1, 4, 5)
+
+
+def test_a_speculators_head_for_another_verifier_is_refused_in_one_line(tmp_path):
+    head = _random(EagleHead(tiny_config("eagle3", draft_vocab_size=4)))
+    write_speculators(head, tmp_path / "h")
+    path = tmp_path / "h" / "config.json"
+    cfg = json.loads(path.read_text())
+    cfg["speculators_config"]["verifier"] = {"name_or_path": "meta-llama/Llama-3.1-8B-Instruct"}
+    path.write_text(json.dumps(cfg))
+    tc = target_config()
+    tc._name_or_path = "Qwen/Qwen3-8B"
+    with pytest.raises(ConfigError, match="trained for meta-llama/Llama-3.1-8B-Instruct.*not for the target Qwen") as err:
+        load_head(tmp_path / "h", tc)
+    assert "\n" not in str(err.value)
+    tc._name_or_path = "meta-llama/Llama-3.1-8B-Instruct"
+    assert load_head(tmp_path / "h", tc).c.kind == "eagle3"  # its own verifier: read
+    tc._name_or_path = "/models/local-copy"  # a local path names no hub model: nothing to compare
+    assert load_head(tmp_path / "h", tc).c.kind == "eagle3"
+
+
+def test_a_scaled_rope_is_written_with_a_float_factor(tmp_path):
+    """The reference loader reads rope_scaling.factor as a float: an integer factor is written as one."""
+    c = tiny_config("eagle3")
+    c.rope_scaling = {"rope_type": "linear", "factor": 2}
+    save_head(EagleHead(c), tmp_path / "h")
+    written = json.loads((tmp_path / "h" / "config.json").read_text())["rope_scaling"]
+    assert written == {"type": "linear", "factor": 2.0} and isinstance(written["factor"], float)
+
+
+# ----------------------------------------------------------------------------- vLLM's forward, written out
+
+
+def _rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    d = x.shape[-1]
+    inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
+    ang = positions.float()[:, None] * inv[None]
+    cos, sin = torch.cat([ang, ang], -1).cos(), torch.cat([ang, ang], -1).sin()
+    return x * cos + torch.cat([-x[..., d // 2 :], x[..., : d // 2]], -1) * sin
+
+
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def vllm_chain(w: dict, cfg: dict, feats: dict, tokens: list[int], embed: torch.Tensor, depth: int) -> list[int]:
+    """The greedy chain an EAGLE-3 speculators head drafts after ``tokens`` (prompt and root), as vLLM's
+    llama_eagle3 computes it, every step recomputed over the whole sequence without a cache: ``fc`` over the
+    (input-normed) target states, the first layer's normed embedding beside the normed state, the residual
+    (normed with norm_before_residual), causal attention within the sliding window, the MLP; logits from the
+    final norm, mapped by d2t; deeper steps read the normed output with norm_output."""
+    layer, eps = cfg["transformer_layer_config"], cfg["transformer_layer_config"]["rms_norm_eps"]
+    heads, kv, hd = layer["num_attention_heads"], layer["num_key_value_heads"], layer["hidden_size"] // layer["num_attention_heads"]
+    window = layer.get("sliding_window") or 10**9
+    aux = torch.cat([feats[i] for i in sorted(cfg["eagle_aux_hidden_state_layer_ids"])], -1)
+    if cfg.get("norm_before_fc"):
+        aux = _rms(aux, w["input_norm.weight"], eps)
+    states = list(aux @ w["fc.weight"].T)  # row t: position t, reading token t + 1
+    ids, chain = list(tokens[1:]), []
+    for _ in range(depth):
+        n = len(states)
+        h, e = torch.stack(states), embed[torch.tensor(ids)]
+        hn = _rms(h, w["layers.0.hidden_norm.weight"], eps)
+        residual = hn if cfg.get("norm_before_residual") else h
+        x = torch.cat([_rms(e, w["layers.0.input_layernorm.weight"], eps), hn], -1)
+        pos = torch.arange(n)
+        q = (x @ w["layers.0.self_attn.q_proj.weight"].T).view(n, heads, hd).transpose(0, 1)
+        k = (x @ w["layers.0.self_attn.k_proj.weight"].T).view(n, kv, hd).transpose(0, 1)
+        v = (x @ w["layers.0.self_attn.v_proj.weight"].T).view(n, kv, hd).transpose(0, 1)
+        q, k = _rope(q, pos, layer["rope_theta"]), _rope(k, pos, layer["rope_theta"])
+        k, v = k.repeat_interleave(heads // kv, 0), v.repeat_interleave(heads // kv, 0)
+        seen = (pos[None, :] <= pos[:, None]) & (pos[:, None] - pos[None, :] < window)
+        att = (q @ k.transpose(1, 2) / hd**0.5).masked_fill(~seen, float("-inf")).softmax(-1) @ v
+        hidden = residual + att.transpose(0, 1).reshape(n, -1) @ w["layers.0.self_attn.o_proj.weight"].T
+        mlp_in = _rms(hidden, w["layers.0.post_attention_layernorm.weight"], eps)
+        out = hidden + (torch.nn.functional.silu(mlp_in @ w["layers.0.mlp.gate_proj.weight"].T)
+                        * (mlp_in @ w["layers.0.mlp.up_proj.weight"].T)) @ w["layers.0.mlp.down_proj.weight"].T
+        post = _rms(out[-1], w["norm.weight"], eps)
+        draft = int((post @ w["lm_head.weight"].T).argmax())
+        token = draft + int(w["d2t"][draft])
+        chain.append(token)
+        states.append(post if cfg.get("norm_output") else out[-1])
+        ids.append(token)
+    return chain
+
+
+def test_a_head_with_every_current_speculators_default_drafts_what_vllm_s_forward_drafts(tiny_llama, tmp_path):
+    """norm_before_fc, norm_output, norm_before_residual, a sliding window shorter than the prompt and an
+    embedding of the head's own, as current speculators training writes them: the drafter's greedy chain is the
+    one vLLM's forward, written out plainly (:func:`vllm_chain`), computes; with the options off it is not."""
+    from safetensors.torch import load_file
+
+    model = tiny_llama.model
+    c = HeadConfig.for_target("eagle3", model.config)
+    c.aux_layers, c.norm_before_residual, c.norm_before_fc, c.norm_output = (1, 0, 1), True, True, True
+    c.sliding_window, c.own_embedding = 3, True
+    head = _random(EagleHead(c), seed=2)
+    write_speculators(head, tmp_path / "h")
+    cfg = json.loads((tmp_path / "h" / "config.json").read_text())
+    weights = {k: v.float() for k, v in load_file(str(tmp_path / "h" / "model.safetensors")).items()}
+    assert {"input_norm.weight", "embed_tokens.weight"} <= set(weights) and cfg["norm_output"]
+    loaded = load_head(tmp_path / "h", model.config)
+    assert (loaded.c.norm_before_fc, loaded.c.norm_output, loaded.c.sliding_window, loaded.c.own_embedding) == \
+        (True, True, 3, True) and loaded.feature_layers == (0, 1, 1)
+    prompt = [5, 6, 7, 8, 9, 10, 11, 12]
+    target = Target(model)
+    drafter = eagle_drafter(tiny_llama, tmp_path / "h", Eagle3, Eagle3Config, depth=4, top_k=1, total_tokens=5)()
+    first = []
+    propose = drafter.propose
+    drafter.propose = lambda state: first.append(propose(state)) or first[-1]
+    rec = generate(target, drafter, prompt, max_new_tokens=8)
+    root = rec.output_ids[0]
+    with torch.no_grad():
+        out = model(torch.tensor([prompt]), output_hidden_states=True)
+        feats = {i: out.hidden_states[i][0] for i in (0, 1)}
+        want = vllm_chain(weights, cfg, feats, prompt + [root], weights["embed_tokens.weight"], 4)
+        assert first[0].tokens == want and first[0].is_chain()
+        plain = {**cfg, "norm_before_fc": False, "norm_output": False,
+                 "transformer_layer_config": {**cfg["transformer_layer_config"], "sliding_window": None}}
+        assert vllm_chain(weights, plain, feats, prompt + [root], weights["embed_tokens.weight"], 4) != want or \
+            vllm_chain(weights, cfg, feats, prompt + [root], model.get_input_embeddings().weight, 4) != want

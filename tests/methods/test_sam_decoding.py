@@ -58,6 +58,36 @@ def test_config_yaml_and_registry():
         SAMDecoding(SAMDecodingConfig(datastore="stdlib"), vocab_size=40)
 
 
+# Guesses each published script sends after a long match: its n_predicts counts the root token
+# (``pred_ids = [start_token] + …``): Spec-Bench's SAMD[EAGLE2] run and SAM-Decoding's inference_samd.sh send
+# 40, the reference's default 10.
+PUBLISHED_N_PREDICTS = {"sam_decoding": 10, "sam_decoding-cpu": 10, "sam_decoding-eagle": 40,
+                        "sam_decoding-eagle-samd": 40}
+
+
+@pytest.mark.parametrize(("preset", "n_predicts"), PUBLISHED_N_PREDICTS.items())
+def test_each_preset_drafts_the_guesses_its_published_script_sends(preset, n_predicts):
+    """A text that repeats a 60-token stretch: the match's continuation is longer than any count, so the draft
+    holds exactly the preset's guesses, n_predicts − 1 (the root is the step's last committed token)."""
+    _, params, _ = load_preset(preset)
+    params = {**params, "auxiliary": "none", "datastore": None}  # the dynamic automaton's match alone
+    d = SAMDecoding(build_method_config("sam_decoding", params), vocab_size=100)
+    stretch = [(7 * i) % 97 + 1 for i in range(60)]
+    text = stretch + stretch[:10]
+    d.new_turn(text)
+    draft = d.propose(DecodeState(text, len(text), 200))
+    assert len(draft) == n_predicts - 1 and draft.tokens == stretch[10 : 10 + n_predicts - 1]
+
+
+def test_the_samd_preset_reads_a_corpus_as_its_evaluation_script_does():
+    _, samd, _ = load_preset("sam_decoding-eagle-samd")
+    _, spec_bench, _ = load_preset("sam_decoding-eagle")
+    assert samd["datastore"] == "auto" and not spec_bench.get("datastore")
+    assert {k: samd[k] for k in ("num_draft", "len_threshold", "len_bias", "eagle_depth", "eagle_top_k",
+                                 "eagle_total_tokens")} == {k: spec_bench[k] for k in ("num_draft", "len_threshold",
+                                 "len_bias", "eagle_depth", "eagle_top_k", "eagle_total_tokens")}
+
+
 def test_corpus_automaton_is_capped():
     sam = corpus_automaton([[1, 2, 3], [4, 5, 6]], max_tokens=4)
     assert sam.tokens == [1, 2, 3, -1, 4]
