@@ -18,8 +18,9 @@ import torch
 from specbench.core.acceptance import SamplingParams, accept
 from specbench.core.clock import Clock
 from specbench.core.draft import DecodeState, Draft, Drafter, Planner, VerifyResult
-from specbench.core.forward import Target, upload
+from specbench.core.forward import Target
 from specbench.core.record import TARGET_TOKEN, GenerationRecord
+from specbench.core.steps import _accepted_rows, _check, _commit, _record_step
 
 _EMPTY = Draft()
 
@@ -55,56 +56,6 @@ class _Row:
     step: int = 0
     draft: Draft = field(default_factory=Draft)
     draft_s: float = 0.0
-
-
-def _check(draft: Draft, name: str, step: int) -> None:
-    """A malformed draft (a child listed before its parent, lists of unequal length) is an error naming
-    the method: verifying it would run a silently wrong forward."""
-    try:
-        draft.validate()
-    except ValueError as err:
-        raise ValueError(f"method '{name}' proposed an invalid draft at step {step}: {err}") from None
-
-
-def _record_step(record: GenerationRecord, kept: int, seconds: float, drafted: int, aux: int,
-                 accepted: int, depth: int, draft_s: float, lookup_s: float) -> None:
-    record.step_tokens.append(kept)
-    record.step_times.append(seconds)
-    record.step_drafted.append(drafted)
-    record.step_aux.append(aux)
-    record.step_accepted.append(accepted)
-    record.step_depth.append(depth)
-    record.step_draft_s.append(draft_s)
-    record.step_lookup_s.append(lookup_s)
-
-
-def _accepted_rows(features: dict[int, torch.Tensor], path: list[int]) -> dict[int, torch.Tensor]:
-    """The block's hidden states of the root and the accepted guesses (rows 0 and 1 + i), where they live."""
-    rows = [0] + [1 + i for i in path]
-    if rows == list(range(len(rows))):
-        return {layer: h[: len(rows)] for layer, h in features.items()}
-    index: dict[torch.device, torch.Tensor] = {}
-    out = {}
-    for layer, h in features.items():
-        if h.device not in index:
-            index[h.device] = upload(rows, h.device)
-        out[layer] = h.index_select(0, index[h.device])
-    return out
-
-
-def _commit(record: GenerationRecord, tokens: list[int], eos: set[int], max_new: int) -> int:
-    """Append a step's tokens, stopping at EOS (kept) or at max_new_tokens. Returns tokens kept."""
-    kept = 0
-    for tok in tokens:
-        record.output_ids.append(tok)
-        kept += 1
-        if tok in eos:
-            record.finish_reason = "eos"
-            break
-        if record.new_tokens >= max_new:
-            record.finish_reason = "length"
-            break
-    return kept
 
 
 class _Loop:
@@ -157,22 +108,43 @@ class _Loop:
             _record_step(row.record, len(row.record.output_ids), seconds, 0, 0, 0, 0, 0.0, 0.0)
         return rows
 
-    def propose(self, row: _Row) -> None:
-        start = perf_counter()
+    def state(self, row: _Row) -> DecodeState:
+        """The row's next step as its drafter sees it, with the planner's caps (asked first)."""
         row.step += 1
         request = row.request
         cap = getattr(request.planner, "cap", None)
         depth_cap = cap() if cap is not None else None
-        draft = request.drafter.propose(DecodeState(row.seq, row.record.prompt_len, request.max_new_tokens, row.step,
-                                                    depth_cap=depth_cap,
-                                                    width_cap=getattr(request.planner, "width_cap", None)))
+        return DecodeState(row.seq, row.record.prompt_len, request.max_new_tokens, row.step, depth_cap=depth_cap,
+                           width_cap=getattr(request.planner, "width_cap", None))
+
+    def take(self, row: _Row, draft: Draft | None, seconds: float) -> None:
+        """The row's proposal, checked and (a planner alone) planned; ``seconds`` already spent drafting it."""
+        start = perf_counter()
         if draft is None:
             draft = _EMPTY
         elif draft is not _EMPTY:
             _check(draft, row.name, row.step)
-        if request.planner is not None and self.plan_rows is None:
-            draft = request.planner.plan(draft, row.seq)
-        row.draft, row.draft_s = draft, perf_counter() - start
+        if row.request.planner is not None and self.plan_rows is None:
+            draft = row.request.planner.plan(draft, row.seq)
+        row.draft, row.draft_s = draft, seconds + perf_counter() - start
+
+    def propose(self, rows: list[_Row]) -> None:
+        """Every row's draft: one call for all rows when their drafters share a class that drafts for a batch
+        at once (``propose_rows``: a head's forward per tree level for every row, one read per level), its
+        time shared among them; else each drafter alone."""
+        kinds = {type(row.request.drafter) for row in rows}
+        batched = getattr(kinds.pop(), "propose_rows", None) if len(kinds) == 1 and len(rows) > 1 else None
+        if batched is None:
+            for row in rows:
+                start = perf_counter()
+                state = self.state(row)
+                self.take(row, row.request.drafter.propose(state), perf_counter() - start)
+            return
+        start = perf_counter()
+        drafts = batched([row.request.drafter for row in rows], [self.state(row) for row in rows])
+        share = (perf_counter() - start) / len(rows)
+        for row, draft in zip(rows, drafts, strict=True):
+            self.take(row, draft, share)
 
     def plan(self, rows: list[_Row]) -> None:
         """The rows' drafts planned together; the planning time shared among them."""
@@ -191,8 +163,7 @@ class _Loop:
         rows: list[_Row] = self.rows  # type: ignore[assignment]  (no holes between steps)
         target, cache = self.target, self.cache
         start = perf_counter()
-        for row in rows:
-            self.propose(row)
+        self.propose(rows)
         self.plan(rows)
         target.sync()  # a draft model's kernels count as draft time, not forward time
         proposed = perf_counter()

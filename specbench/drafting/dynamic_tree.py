@@ -54,24 +54,43 @@ def grow(root_logprobs: torch.Tensor, expand: Callable[[list[int], Tree], torch.
 
     Each level crosses from the device once: its top-k log-probabilities and token ids in one read (ids are
     exact as float32 up to 2^24). Scores add up on the host, where the tree lives."""
-    tree = Tree()
-    lp, ids = _top(root_logprobs.float()[None], top_k)
-    level = [tree.add(t, -1, s, r + 1) for r, (t, s) in enumerate(zip(ids[0], lp[0], strict=True))]
-    expanded = {i: tree.needs[i] for i in level}  # a node on a level expanded: the narrowest top-k that surely does
-    for _ in range(depth - 1):
-        if not level:
+    return grow_rows([root_logprobs], lambda rows, levels, trees: [expand(levels[0], trees[0])], depths=[depth],
+                     top_ks=[top_k])[0]
+
+
+def grow_rows(roots: list[torch.Tensor], expand: Callable[[list[int], list[list[int]], list[Tree]],
+                                                           list[torch.Tensor]], *, depths: list[int],
+              top_ks: list[int]) -> list[Tree]:
+    """:func:`grow` for the drafts of several rows in lockstep (a batch): ``expand(rows, levels, trees)`` takes
+    the rows still growing with their levels and returns each one's children's log-probabilities, so one draft
+    forward serves every row's level, and the level of every row crosses from the device in one read."""
+    trees, most = [Tree() for _ in roots], max(top_ks)
+    lp, ids = _top(torch.stack([r.float() for r in roots]), most)
+    levels, expanded = [], []
+    for tree, row_lp, row_ids, k in zip(trees, lp, ids, top_ks, strict=True):
+        level = [tree.add(t, -1, s, r + 1) for r, (t, s) in enumerate(zip(row_ids[:k], row_lp[:k], strict=True))]
+        levels.append(level)
+        expanded.append({i: tree.needs[i] for i in level})  # on a level: the narrowest top-k that surely expands it
+    for step in range(max(depths) - 1):
+        live = [r for r in range(len(trees)) if levels[r] and step + 1 < depths[r]]
+        if not live:
             break
-        lp, ids = _top(expand(level, tree).float(), top_k)  # [k, k] each, as host lists
-        made, cum = [], []
-        for parent, row_lp, row_ids in zip(level, lp, ids, strict=True):
-            base = tree.scores[parent]
-            for r, (s, tok) in enumerate(zip(row_lp, row_ids, strict=True)):
-                cum.append(base + s)
-                made.append(tree.add(tok, parent, base + s, max(expanded[parent], r + 1)))
-        best = sorted(range(len(made)), key=lambda j: (-cum[j], j))[:top_k]
-        level = [made[j] for j in best]
-        expanded = {i: max(tree.needs[i], rank + 1) for rank, i in enumerate(level)}
-    return tree
+        outs = expand(live, [levels[r] for r in live], [trees[r] for r in live])
+        lp, ids = _top(torch.cat([o.float() for o in outs]), most)  # [k, k] each, as host lists
+        at = 0
+        for r, out in zip(live, outs, strict=True):
+            tree, k, made, cum = trees[r], top_ks[r], [], []
+            for parent, row_lp, row_ids in zip(levels[r], lp[at : at + out.shape[0]], ids[at : at + out.shape[0]],
+                                               strict=True):
+                base = tree.scores[parent]
+                for rank, (s, tok) in enumerate(zip(row_lp[:k], row_ids[:k], strict=True)):
+                    cum.append(base + s)
+                    made.append(tree.add(tok, parent, base + s, max(expanded[r][parent], rank + 1)))
+            at += out.shape[0]
+            best = sorted(range(len(made)), key=lambda j: (-cum[j], j))[:k]
+            levels[r] = [made[j] for j in best]
+            expanded[r] = {i: max(tree.needs[i], rank + 1) for rank, i in enumerate(levels[r])}
+    return trees
 
 
 def _top(logprobs: torch.Tensor, top_k: int) -> tuple[list[list[float]], list[list[int]]]:

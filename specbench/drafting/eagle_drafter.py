@@ -30,7 +30,7 @@ import torch
 
 from specbench.core.draft import SOURCE_HEAD, DecodeState, Draft, Drafter, VerifyResult
 from specbench.core.forward import runs_on, upload
-from specbench.drafting.dynamic_tree import grow, rerank
+from specbench.drafting.dynamic_tree import grow_rows, rerank
 from specbench.drafting.eagle_head import EagleHead
 from specbench.drafting.head_formats import load_head
 from specbench.drafting.head_parts import HeadCache
@@ -310,35 +310,65 @@ class HeadDrafter(Drafter):
         return self.head(feats, self._embed(tokens[s + 1 : s + m + 1]), positions, self.cache, vis)[-1:]
 
     def propose(self, state: DecodeState) -> Draft | None:
-        if state.max_depth < 1:  # nothing worth drafting: the head catches up when it drafts again
-            self.root_pos = len(state.tokens) - 1
-            return None
-        root_hidden = self.catch_up(state.tokens)
-        if root_hidden is None:
-            return None
-        hidden: dict[int, torch.Tensor] = {}  # a node's predicted feature, once expanded
-        slot: dict[int, int] = {}  # a node's entry in the head's cache
+        return self.propose_rows([self], [state])[0]
 
-        def expand(level: list[int], tree) -> torch.Tensor:
-            parents = [tree.parents[i] for i in level]
-            feat = self.head.feed(torch.cat([root_hidden if p < 0 else hidden[p][None] for p in parents]))
-            seen = []
-            for i in level:
-                chain, p = [], tree.parents[i]
-                while p >= 0:
-                    chain.append(slot[p])
-                    p = tree.parents[p]
-                seen.append(chain)
-            vis = self._visible(len(level), seen)
-            base = len(self.cache)
-            pos = upload([self.root_pos + tree.depths[i] - 1 for i in level], self.device)
-            out = self.head(feat, self._embed([tree.tokens[i] for i in level]), pos, self.cache, vis)
-            for r, i in enumerate(level):
-                hidden[i], slot[i] = out[r], base + r
-            return self._logprobs(out)
+    @staticmethod
+    def propose_rows(drafters: list[HeadDrafter], states: list[DecodeState]) -> list[Draft | None]:
+        """The drafts of several requests (a batch) whose drafters share one head, grown in lockstep: each tree
+        level of every row in one head forward (projections over all rows, attention over each row's cache),
+        its log-probabilities in one LM-head pass and one read (:func:`~specbench.drafting.dynamic_tree.grow_rows`).
+        A row drafts what it would alone."""
+        out: list[Draft | None] = [None] * len(drafters)
+        rows = []  # (index, drafter, state, the head's feature at its root)
+        for i, (d, state) in enumerate(zip(drafters, states, strict=True)):
+            if state.max_depth < 1:  # nothing worth drafting: the head catches up when it drafts again
+                d.root_pos = len(state.tokens) - 1
+                continue
+            root = d.catch_up(state.tokens)
+            if root is not None:
+                rows.append((i, d, state, root))
+        if not rows:
+            return out
+        first = rows[0][1]
+        hidden: list[dict[int, torch.Tensor]] = [{} for _ in rows]  # a node's predicted feature, once expanded
+        slot: list[dict[int, int]] = [{} for _ in rows]  # a node's entry in its row's head cache
 
-        c = self.config
-        top_k = state.top_k(c.top_k)
-        tree = grow(self._logprobs(root_hidden)[0], expand, depth=min(c.depth, state.max_depth), top_k=top_k)
-        toks, parents, _, needs = rerank(tree, c.total_tokens - 1)
-        return Draft(tokens=toks, parents=parents, sources=[SOURCE_HEAD] * len(toks), tree_width=top_k, needs=needs)
+        def expand(live: list[int], levels: list[list[int]], trees: list) -> list[torch.Tensor]:
+            feats, tokens, pos, parts = [], [], [], []
+            for j, level, tree in zip(live, levels, trees, strict=True):
+                _, d, _, root = rows[j]
+                feats += [root if tree.parents[i] < 0 else hidden[j][tree.parents[i]][None] for i in level]
+                seen = []
+                for i in level:
+                    chain, p = [], tree.parents[i]
+                    while p >= 0:
+                        chain.append(slot[j][p])
+                        p = tree.parents[p]
+                    seen.append(chain)
+                for r, i in enumerate(level):
+                    slot[j][i] = len(d.cache) + r
+                tokens += [tree.tokens[i] for i in level]
+                pos += [d.root_pos + tree.depths[i] - 1 for i in level]
+                parts.append((len(level), d.cache, d._visible(len(level), seen)))
+            head = first.head
+            made = head(head.feed(torch.cat(feats)), first._embed(tokens), upload(pos, first.device),
+                        parts[0][1], parts[0][2], parts if len(parts) > 1 else None)
+            lps, at = first._logprobs(made), 0
+            per = []
+            for j, level, (n, _, _) in zip(live, levels, parts, strict=True):
+                for r, i in enumerate(level):
+                    hidden[j][i] = made[at + r]
+                per.append(lps[at : at + n])
+                at += n
+            return per
+
+        c = first.config
+        widths = [state.top_k(c.top_k) for _, _, state, _ in rows]
+        roots = first._logprobs(torch.cat([root for *_, root in rows]))
+        trees = grow_rows(list(roots), expand, depths=[min(c.depth, state.max_depth) for _, _, state, _ in rows],
+                          top_ks=widths)
+        for (i, *_), tree, top_k in zip(rows, trees, widths, strict=True):
+            toks, parents, _, needs = rerank(tree, c.total_tokens - 1)
+            out[i] = Draft(tokens=toks, parents=parents, sources=[SOURCE_HEAD] * len(toks), tree_width=top_k,
+                           needs=needs)
+        return out

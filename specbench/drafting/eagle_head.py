@@ -184,11 +184,20 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: HeadCache | None,
                 visible: torch.Tensor | None) -> torch.Tensor:
         """``x`` [n, in]; ``visible`` [n, cached + n] bool (None: causal over a fresh sequence)."""
+        return self.o_proj(self.attend(*self.project(x, positions), positions, cache, visible))
+
+    def project(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values ([heads, n, head_dim]) of ``x`` [n, in], rotated to ``positions``."""
         c, n = self.c, x.shape[0]
         q = self.q_proj(x).view(n, c.num_attention_heads, c.head_dim).transpose(0, 1)
         k = self.k_proj(x).view(n, c.num_key_value_heads, c.head_dim).transpose(0, 1)
         v = self.v_proj(x).view(n, c.num_key_value_heads, c.head_dim).transpose(0, 1)
-        q, k = self.rotary(q, positions), self.rotary(k, positions)
+        return self.rotary(q, positions), self.rotary(k, positions), v
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+               cache: HeadCache | None, visible: torch.Tensor | None) -> torch.Tensor:
+        """One sequence's attention over its cache ([n, heads × head_dim], before ``o_proj``)."""
+        c, n = self.c, q.shape[1]
         window = c.sliding_window
         if cache is not None:
             k, v = cache.append(k, v, positions if window else None)
@@ -196,7 +205,7 @@ class Attention(nn.Module):
             keys = cache.positions[: len(cache)] if cache is not None else positions
             near = positions[:, None] - keys[None, :] < window
             visible = near & (keys[None, :] <= positions[:, None] if visible is None else visible)
-        return self.o_proj(grouped_sdpa(q, k, v, visible).transpose(0, 1).reshape(n, -1))
+        return grouped_sdpa(q, k, v, visible).transpose(0, 1).reshape(n, -1)
 
 
 class MLP(nn.Module):
@@ -224,13 +233,26 @@ class Layer(nn.Module):
             self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
             self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
-    def forward(self, hidden: torch.Tensor, embeds: torch.Tensor | None, positions, cache, visible) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, embeds: torch.Tensor | None, positions, cache, visible,
+                rows: list[tuple[int, HeadCache | None, torch.Tensor | None]] | None = None) -> torch.Tensor:
+        """One sequence's rows, or with ``rows`` (each sequence's row count, cache and visibility, in order)
+        several sequences' rows at once: every projection over all of them, attention per sequence."""
         residual, x = hidden, hidden
         if embeds is not None:
             normed = self.hidden_norm(hidden)
             residual = normed if self.norm_before_residual else hidden
             x = torch.cat([self.input_layernorm(embeds), normed], -1)
-        hidden = residual + self.self_attn(x, positions, cache, visible)
+        if rows is None:
+            attended = self.self_attn(x, positions, cache, visible)
+        else:
+            q, k, v = self.self_attn.project(x, positions)
+            parts, at = [], 0
+            for n, own_cache, own_visible in rows:
+                parts.append(self.self_attn.attend(q[:, at : at + n], k[:, at : at + n], v[:, at : at + n],
+                                                   positions[at : at + n], own_cache, own_visible))
+                at += n
+            attended = self.self_attn.o_proj(torch.cat(parts))
+        hidden = residual + attended
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
@@ -273,12 +295,13 @@ class EagleHead(nn.Module):
         return self.norm(hidden) if self.c.kind == "eagle3" and self.c.norm_output else hidden
 
     def forward(self, feature: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor,
-                cache: HeadCache | None = None, visible: torch.Tensor | None = None) -> torch.Tensor:
+                cache: HeadCache | None = None, visible: torch.Tensor | None = None,
+                rows: list[tuple[int, HeadCache | None, torch.Tensor | None]] | None = None) -> torch.Tensor:
         """Predicted features [n, H] from ``feature`` [n, H] (fused, or the head's own output) and the
-        embeddings [n, H] of the tokens that follow each."""
+        embeddings [n, H] of the tokens that follow each; ``rows``: several sequences at once (:class:`Layer`)."""
         if self.c.kind == "eagle":
-            return self.layers[0](self.fc(torch.cat([embeds, feature], -1)), None, positions, cache, visible)
-        return self.midlayer(feature, embeds, positions, cache, visible)
+            return self.layers[0](self.fc(torch.cat([embeds, feature], -1)), None, positions, cache, visible, rows)
+        return self.midlayer(feature, embeds, positions, cache, visible, rows)
 
     def logits(self, hidden: torch.Tensor, target_head: nn.Module) -> torch.Tensor:
         """[n, V_draft] logits: the target's LM head (EAGLE-1/2) or the head's own (EAGLE-3)."""

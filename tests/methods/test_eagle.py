@@ -827,3 +827,58 @@ def test_eagle3s_draft_vocabulary_counts_the_training_answers_alone():
     used = (torch.arange(3) + d2t).tolist()
     assert used == [2, 3, 4] or used == [1, 2, 3]  # the answers' most frequent three; never the prompts' 7
     assert 7 not in (torch.arange(d2t.numel()) + d2t).tolist()
+
+
+def test_a_batch_of_head_drafts_grows_in_lockstep_and_each_row_drafts_what_it_drafts_alone(tiny_llama, tmp_path,
+                                                                                              monkeypatch):
+    """At batch size 4 the loop asks the head drafter for every row's draft at once (one head forward per tree
+    level for all rows): each row's drafts are the ones it proposes when the rows draft one by one, and every
+    output is the target's greedy one."""
+    from collections import defaultdict
+
+    from specbench.core.decode import Request, decode_batch
+    from specbench.drafting.eagle_drafter import HeadDrafter
+
+    c = HeadConfig.for_target("eagle3", tiny_llama.model.config)
+    torch.manual_seed(3)
+    save_head(EagleHead(c), tmp_path / "h")
+    make = eagle_drafter(tiny_llama, tmp_path / "h", Eagle3, Eagle3Config, depth=3, top_k=3, total_tokens=8)
+    target = Target(tiny_llama.model)
+    prompts = [[5, 6, 7, 8] * 2, [3, 3, 3, 9], list(range(20, 30)), [40, 41], [7, 7, 8]]
+    expected = [generate(target, Drafter(vocab_size=0), p, max_new_tokens=12).output_ids for p in prompts]
+
+    class OneByOne(Eagle3):
+        propose_rows = None  # the loop asks each row alone
+
+        def propose(self, state):
+            return HeadDrafter.propose_rows([self], [state])[0]
+
+    original = HeadDrafter.propose_rows
+
+    def run(kind):
+        drafts, calls = defaultdict(list), []
+
+        def recorded(drafters, states):
+            out = original(drafters, states)
+            calls.append(len(drafters))
+            for d, draft in zip(drafters, out, strict=True):
+                drafts[d.tag].append(None if draft is None else (draft.tokens, draft.parents))
+            return out
+
+        monkeypatch.setattr(HeadDrafter, "propose_rows", staticmethod(recorded))
+        queue = []
+        for i, p in enumerate(prompts):
+            d = make() if kind is Eagle3 else OneByOne(make().config, vocab_size=tiny_llama.vocab_size,
+                                                       context=make().context)
+            d.tag = i
+            queue.append(Request(p, 12, d, tag=i))
+        queue = queue[::-1]
+        got = {req.tag: rec.output_ids for req, rec in decode_batch(target, lambda: queue.pop() if queue else None,
+                                                                    batch_size=4)}
+        return got, drafts, calls
+
+    batched, batched_drafts, batched_calls = run(Eagle3)
+    alone, alone_drafts, alone_calls = run(OneByOne)
+    assert [batched[i] for i in range(len(prompts))] == expected == [alone[i] for i in range(len(prompts))]
+    assert max(batched_calls) == 4 and set(alone_calls) == {1}
+    assert dict(batched_drafts) == dict(alone_drafts) and any(v for v in batched_drafts.values())
