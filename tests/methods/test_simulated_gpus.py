@@ -415,3 +415,46 @@ def test_a_head_that_skips_steps_catches_up_and_drafts_what_it_would_have(case, 
     assert all(some.seen[step][0] == [] for step in some.seen if step % 3)  # capped: nothing proposed
     assert any(every.seen[step][0] for step in drafted)
     assert {step: some.seen[step] for step in drafted} == {step: every.seen[step] for step in drafted}
+
+
+@pytest.mark.parametrize("case", ["eagle", "eagle3"])
+def test_a_batch_of_head_drafts_reads_each_tree_level_once_for_every_row(case, models, store, heads, saved,
+                                                                         monkeypatch):
+    """Greedy, a batch of 4 on 2 simulated GPUs: each batched step costs at most one read of the verified
+    tokens (every row's argmax at once) and one per tree level for all rows (the head drafts the batch at once),
+    counted from the sync debug mode's warnings; drafted row by row it needs a read per level per row."""
+    import specbench.core.decode as decode_module
+    from specbench.drafting.eagle_drafter import HeadDrafter
+    from specbench.run.syncs import count, sync_warnings
+
+    lm = models[2]
+    depths = []
+
+    def per_step(one_by_one: bool) -> list[int]:
+        counts: list[int] = []
+        step = decode_module._Loop.step
+        with simulated_gpus(2, free_memory(saved[1], 2)), sync_warnings() as caught:
+            make, cls = maker(case, lm.model, SamplingParams(), store, heads)
+
+            def counted(loop):
+                before = len(caught)
+                step(loop)
+                counts.append(count(caught[before:]))
+
+            monkeypatch.setattr(decode_module._Loop, "step", counted)
+            queue = batch_requests(lm, make)
+            depths.append(queue[0].drafter.config.depth)
+            if one_by_one:  # each row drafts alone, as before the batch drafted at once
+                for req in queue:
+                    req.drafter.__class__ = type("OneByOne", (cls,), {
+                        "propose_rows": None, "propose": lambda self, s: HeadDrafter.propose_rows([self], [s])[0]})
+            queue = queue[::-1]
+            for _ in decode_batch(Target(lm.model), lambda: queue.pop() if queue else None, batch_size=4):
+                pass
+            monkeypatch.setattr(decode_module._Loop, "step", step)
+        return counts
+
+    batched, alone = per_step(False), per_step(True)
+    depth = depths[0]
+    assert batched and min(batched) >= 1 and max(batched) <= 1 + depth
+    assert max(alone) > 1 + depth and sum(alone) > sum(batched)  # the same steps, read level by level per row
