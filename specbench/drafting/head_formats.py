@@ -16,8 +16,8 @@ The weights (``model.safetensors`` or ``pytorch_model.bin``) are renamed to :cla
   vLLM reads it); ``t2d`` and the verifier's ``verifier_*`` copies are dropped. The options current
   speculators training writes are read as vLLM reads them: ``norm_before_fc`` (an RMSNorm over the
   concatenated target states before ``fc``), ``norm_output`` (deeper steps read the normed output), the draft
-  layer's ``sliding_window`` (where its ``layer_types`` say ``sliding_attention``); ``norm_before_residual``
-  and ``norm_output`` are off when absent.
+  layer's ``sliding_window`` (where its ``layer_types`` say ``sliding_attention``); absent, ``norm_before_fc``
+  and ``norm_output`` are off and ``norm_before_residual`` on, as vLLM's speculators config reads them.
 
 Refused in one line: a head whose ``speculators_config.verifier`` names another hub model than the target's;
 another ``speculators_model_type``; a layer that is not Llama's; more than one draft
@@ -78,7 +78,7 @@ def read_speculators(directory: Path, data: dict, target_layers: int) -> tuple[H
         if data.get("fc_norm"):
             raise ConfigError(f"eagle head in {directory}: it normalises each target state apart before fc "
                               "(fc_norm: true, EAGLE 3.1's), which is not read here: use a head without it")
-        c.norm_before_residual = bool(data.get("norm_before_residual", False))
+        c.norm_before_residual = bool(data.get("norm_before_residual", True))  # vLLM's default when absent
         c.norm_before_fc, c.norm_output = bool(data.get("norm_before_fc")), bool(data.get("norm_output"))
         c.sliding_window = window_of(data.get("transformer_layer_config") or {})
         c.target_hidden_size = int(data.get("target_hidden_size") or c.hidden_size)

@@ -380,3 +380,19 @@ def test_a_head_with_every_current_speculators_default_drafts_what_vllm_s_forwar
                  "transformer_layer_config": {**cfg["transformer_layer_config"], "sliding_window": None}}
         assert vllm_chain(weights, plain, feats, prompt + [root], weights["embed_tokens.weight"], 4) != want or \
             vllm_chain(weights, cfg, feats, prompt + [root], model.get_input_embeddings().weight, 4) != want
+
+
+def test_norm_before_residual_is_on_when_a_speculators_config_leaves_it_out(tmp_path):
+    """vLLM's speculators config reads an absent norm_before_residual as true (and absent norm_before_fc and
+    norm_output as false); a head in EAGLE's own layout leaves it off."""
+    head = _random(EagleHead(tiny_config("eagle3")))
+    write_speculators(head, tmp_path / "h")
+    path = tmp_path / "h" / "config.json"
+    cfg = json.loads(path.read_text())
+    for key in ("norm_before_residual", "norm_before_fc", "norm_output"):
+        del cfg[key]
+    path.write_text(json.dumps(cfg))
+    c = load_head(tmp_path / "h", target_config()).c
+    assert (c.norm_before_residual, c.norm_before_fc, c.norm_output) == (True, False, False)
+    save_head(head, tmp_path / "e")
+    assert load_head(tmp_path / "e", target_config()).c.norm_before_residual is False
