@@ -304,51 +304,85 @@ def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
 
-def vllm_chain(w: dict, cfg: dict, feats: dict, tokens: list[int], embed: torch.Tensor, depth: int) -> list[int]:
-    """The greedy chain an EAGLE-3 speculators head drafts after ``tokens`` (prompt and root), as vLLM's
-    llama_eagle3 computes it, every step recomputed over the whole sequence without a cache: ``fc`` over the
-    (input-normed) target states, the first layer's normed embedding beside the normed state, the residual
-    (normed with norm_before_residual), causal attention within the sliding window, the MLP; logits from the
-    final norm, mapped by d2t; deeper steps read the normed output with norm_output."""
+def vllm_forward(w: dict, cfg: dict, states: torch.Tensor, ids: list[int], embed: torch.Tensor,
+                 positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's llama_eagle3 over one sequence of rows, recomputed whole (no cache), causal within the sliding
+    window: the first layer's normed embedding beside the normed state, the residual (normed with
+    norm_before_residual), attention, the MLP; the raw output and the final norm's."""
     layer, eps = cfg["transformer_layer_config"], cfg["transformer_layer_config"]["rms_norm_eps"]
-    heads, kv, hd = layer["num_attention_heads"], layer["num_key_value_heads"], layer["hidden_size"] // layer["num_attention_heads"]
-    window = layer.get("sliding_window") or 10**9
+    heads, kv = layer["num_attention_heads"], layer["num_key_value_heads"]
+    hd, window, n = layer["hidden_size"] // heads, layer.get("sliding_window") or 10**9, states.shape[0]
+    hn = _rms(states, w["layers.0.hidden_norm.weight"], eps)
+    residual = hn if cfg.get("norm_before_residual") else states
+    x = torch.cat([_rms(embed[torch.tensor(ids)], w["layers.0.input_layernorm.weight"], eps), hn], -1)
+    q = (x @ w["layers.0.self_attn.q_proj.weight"].T).view(n, heads, hd).transpose(0, 1)
+    k = (x @ w["layers.0.self_attn.k_proj.weight"].T).view(n, kv, hd).transpose(0, 1)
+    v = (x @ w["layers.0.self_attn.v_proj.weight"].T).view(n, kv, hd).transpose(0, 1)
+    q, k = _rope(q, positions, layer["rope_theta"]), _rope(k, positions, layer["rope_theta"])
+    k, v = k.repeat_interleave(heads // kv, 0), v.repeat_interleave(heads // kv, 0)
+    seen = torch.ones(n, n, dtype=torch.bool).tril() & (positions[:, None] - positions[None, :] < window)
+    att = (q @ k.transpose(1, 2) / hd**0.5).masked_fill(~seen, float("-inf")).softmax(-1) @ v
+    hidden = residual + att.transpose(0, 1).reshape(n, -1) @ w["layers.0.self_attn.o_proj.weight"].T
+    mlp_in = _rms(hidden, w["layers.0.post_attention_layernorm.weight"], eps)
+    out = hidden + (torch.nn.functional.silu(mlp_in @ w["layers.0.mlp.gate_proj.weight"].T)
+                    * (mlp_in @ w["layers.0.mlp.up_proj.weight"].T)) @ w["layers.0.mlp.down_proj.weight"].T
+    return out, _rms(out, w["norm.weight"], eps)
+
+
+def vllm_tree(w: dict, cfg: dict, feats: dict, tokens: list[int], embed: torch.Tensor, *, depth: int, top_k: int,
+              total: int) -> tuple[list[int], list[int]]:
+    """The EAGLE-2 tree (:func:`~specbench.drafting.dynamic_tree.grow`, :func:`rerank`) over an EAGLE-3
+    speculators head's log-probabilities as vLLM computes them (:func:`vllm_forward`): ``fc`` over the
+    (input-normed) target states at the prompt's positions, each node a row after the prompt and its
+    ancestors, at position (prompt length + its depth − 1), fed its parent's output (normed with norm_output);
+    logits from the final norm over the draft vocabulary, mapped by d2t."""
+    from specbench.drafting.dynamic_tree import grow, rerank
+
+    eps = cfg["transformer_layer_config"]["rms_norm_eps"]
     aux = torch.cat([feats[i] for i in sorted(cfg["eagle_aux_hidden_state_layer_ids"])], -1)
     if cfg.get("norm_before_fc"):
         aux = _rms(aux, w["input_norm.weight"], eps)
-    states = list(aux @ w["fc.weight"].T)  # row t: position t, reading token t + 1
-    ids, chain = list(tokens[1:]), []
-    for _ in range(depth):
-        n = len(states)
-        h, e = torch.stack(states), embed[torch.tensor(ids)]
-        hn = _rms(h, w["layers.0.hidden_norm.weight"], eps)
-        residual = hn if cfg.get("norm_before_residual") else h
-        x = torch.cat([_rms(e, w["layers.0.input_layernorm.weight"], eps), hn], -1)
-        pos = torch.arange(n)
-        q = (x @ w["layers.0.self_attn.q_proj.weight"].T).view(n, heads, hd).transpose(0, 1)
-        k = (x @ w["layers.0.self_attn.k_proj.weight"].T).view(n, kv, hd).transpose(0, 1)
-        v = (x @ w["layers.0.self_attn.v_proj.weight"].T).view(n, kv, hd).transpose(0, 1)
-        q, k = _rope(q, pos, layer["rope_theta"]), _rope(k, pos, layer["rope_theta"])
-        k, v = k.repeat_interleave(heads // kv, 0), v.repeat_interleave(heads // kv, 0)
-        seen = (pos[None, :] <= pos[:, None]) & (pos[:, None] - pos[None, :] < window)
-        att = (q @ k.transpose(1, 2) / hd**0.5).masked_fill(~seen, float("-inf")).softmax(-1) @ v
-        hidden = residual + att.transpose(0, 1).reshape(n, -1) @ w["layers.0.self_attn.o_proj.weight"].T
-        mlp_in = _rms(hidden, w["layers.0.post_attention_layernorm.weight"], eps)
-        out = hidden + (torch.nn.functional.silu(mlp_in @ w["layers.0.mlp.gate_proj.weight"].T)
-                        * (mlp_in @ w["layers.0.mlp.up_proj.weight"].T)) @ w["layers.0.mlp.down_proj.weight"].T
-        post = _rms(out[-1], w["norm.weight"], eps)
-        draft = int((post @ w["lm_head.weight"].T).argmax())
-        token = draft + int(w["d2t"][draft])
-        chain.append(token)
-        states.append(post if cfg.get("norm_output") else out[-1])
-        ids.append(token)
-    return chain
+    prefix, ids = aux @ w["fc.weight"].T, list(tokens[1:])  # row t: position t, reading token t + 1
+    n = prefix.shape[0]
+    draft_ids = torch.arange(w["lm_head.weight"].shape[0])
+
+    def logprobs(post: torch.Tensor) -> torch.Tensor:
+        lp = torch.full((post.shape[0], embed.shape[0]), float("-inf"))
+        return lp.index_copy_(1, draft_ids + w["d2t"].long(), torch.log_softmax(post @ w["lm_head.weight"].T, -1))
+
+    def fed(out: torch.Tensor, post: torch.Tensor) -> torch.Tensor:
+        return post if cfg.get("norm_output") else out
+
+    root_out, root_post = (x[-1] for x in vllm_forward(w, cfg, prefix, ids, embed, torch.arange(n)))
+    outs: dict[int, tuple] = {}
+
+    def expand(level: list[int], tree) -> torch.Tensor:
+        rows = []
+        for i in level:
+            chain, p = [i], tree.parents[i]
+            while p >= 0:
+                chain.append(p)
+                p = tree.parents[p]
+            chain.reverse()  # ancestors first, the node last
+            states = [fed(*(outs[tree.parents[j]] if tree.parents[j] >= 0 else (root_out, root_post)))
+                      for j in chain]
+            out, post = vllm_forward(w, cfg, torch.cat([prefix, torch.stack(states)]),
+                                     ids + [tree.tokens[j] for j in chain], embed,
+                                     torch.cat([torch.arange(n), torch.tensor([n + tree.depths[j] - 1 for j in chain])]))
+            outs[i] = (out[-1], post[-1])
+            rows.append(post[-1])
+        return logprobs(torch.stack(rows))
+
+    tree = grow(logprobs(root_post[None])[0], expand, depth=depth, top_k=top_k)
+    toks, parents, _, _ = rerank(tree, total - 1)
+    return toks, parents
 
 
 def test_a_head_with_every_current_speculators_default_drafts_what_vllm_s_forward_drafts(tiny_llama, tmp_path):
     """norm_before_fc, norm_output, norm_before_residual, a sliding window shorter than the prompt and an
-    embedding of the head's own, as current speculators training writes them: the drafter's greedy chain is the
-    one vLLM's forward, written out plainly (:func:`vllm_chain`), computes; with the options off it is not."""
+    embedding of the head's own, as current speculators training writes them: the drafter's tree (3 levels,
+    top-k 3) is the one vLLM's forward, written out plainly and recomputed per node (:func:`vllm_tree`), gives;
+    with the options off, or with the target's embedding, it is not."""
     from safetensors.torch import load_file
 
     model = tiny_llama.model
@@ -364,22 +398,22 @@ def test_a_head_with_every_current_speculators_default_drafts_what_vllm_s_forwar
     assert (loaded.c.norm_before_fc, loaded.c.norm_output, loaded.c.sliding_window, loaded.c.own_embedding) == \
         (True, True, 3, True) and loaded.feature_layers == (0, 1, 1)
     prompt = [5, 6, 7, 8, 9, 10, 11, 12]
-    target = Target(model)
-    drafter = eagle_drafter(tiny_llama, tmp_path / "h", Eagle3, Eagle3Config, depth=4, top_k=1, total_tokens=5)()
+    drafter = eagle_drafter(tiny_llama, tmp_path / "h", Eagle3, Eagle3Config, depth=3, top_k=3, total_tokens=9)()
     first = []
     propose = drafter.propose
     drafter.propose = lambda state: first.append(propose(state)) or first[-1]
-    rec = generate(target, drafter, prompt, max_new_tokens=8)
-    root = rec.output_ids[0]
+    root = generate(Target(model), drafter, prompt, max_new_tokens=8).output_ids[0]
     with torch.no_grad():
         out = model(torch.tensor([prompt]), output_hidden_states=True)
         feats = {i: out.hidden_states[i][0] for i in (0, 1)}
-        want = vllm_chain(weights, cfg, feats, prompt + [root], weights["embed_tokens.weight"], 4)
-        assert first[0].tokens == want and first[0].is_chain()
+        own = weights["embed_tokens.weight"]
+        want = vllm_tree(weights, cfg, feats, prompt + [root], own, depth=3, top_k=3, total=9)
+        assert (first[0].tokens, first[0].parents) == want and not first[0].is_chain()
         plain = {**cfg, "norm_before_fc": False, "norm_output": False,
                  "transformer_layer_config": {**cfg["transformer_layer_config"], "sliding_window": None}}
-        assert vllm_chain(weights, plain, feats, prompt + [root], weights["embed_tokens.weight"], 4) != want or \
-            vllm_chain(weights, cfg, feats, prompt + [root], model.get_input_embeddings().weight, 4) != want
+        assert vllm_tree(weights, plain, feats, prompt + [root], own, depth=3, top_k=3, total=9) != want
+        assert vllm_tree(weights, cfg, feats, prompt + [root], model.get_input_embeddings().weight, depth=3,
+                         top_k=3, total=9) != want
 
 
 def test_norm_before_residual_is_on_when_a_speculators_config_leaves_it_out(tmp_path):
