@@ -47,8 +47,9 @@ class GenerationRecord:
     decode_s: float = 0.0
     finish_reason: str = ""  # "eos" | "length"
     dropped: int = 0  # tokens the last step produced beyond EOS or max_new_tokens (cut away)
-    # When the generation began (its prefill) and ended, in seconds from the start of its batch's decoding:
-    # in a batch, a request's latency (finished_s - started_s) includes the other rows' prefills.
+    # When the generation began (its prefill) and ended, on its batch's serving clock (core/clock.py: seconds
+    # since the batch began, the harness's own row writing left off): in a batch, a request's latency
+    # includes the other rows' prefills.
     started_s: float = 0.0
     finished_s: float = 0.0
     arrival_s: float = 0.0  # when the request arrived (queueing before ``started_s`` is a serving delay)

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from specbench.drafting.eagle_head import EagleHead, HeadConfig, read_state
-from specbench.drafting.medusa_head import _hub_id
+from specbench.drafting.medusa_head import hub_id
 from specbench.errors import ConfigError
 
 READ = ("eagle", "eagle3")
@@ -128,7 +128,7 @@ def load_head(directory: Path, target_config) -> EagleHead:
         c, state = read_speculators(directory, data, tc.num_hidden_layers)
         verifier = str(((data.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path") or "")
         target = str(getattr(target_config, "_name_or_path", ""))
-        if _hub_id(verifier) and _hub_id(target) and verifier.lower() != target.lower():
+        if hub_id(verifier) and hub_id(target) and verifier.lower() != target.lower():
             raise ConfigError(f"eagle head in {directory} was trained for {verifier} (speculators_config.verifier), "
                               f"not for the target {target}: use the head published for this target")
     else:

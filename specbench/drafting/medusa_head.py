@@ -114,7 +114,7 @@ def load_medusa(directory: Path, target_config) -> tuple[MedusaHeads, dict]:
         raise ConfigError(f"medusa: no {' or '.join(WEIGHT_FILES)} in {directory}")
     tc = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
     base, target = str(cfg.get("base_model_name_or_path") or ""), str(getattr(target_config, "_name_or_path", ""))
-    if _hub_id(base) and _hub_id(target) and base.lower() != target.lower():
+    if hub_id(base) and hub_id(target) and base.lower() != target.lower():
         raise ConfigError(f"medusa heads in {directory} were trained for {base}, not for the target {target}: "
                           "use the heads published for this target")
     n_heads = 1 + max(int(k.split(".")[0]) for k in state)
@@ -135,7 +135,7 @@ def load_medusa(directory: Path, target_config) -> tuple[MedusaHeads, dict]:
     return heads, cfg
 
 
-def _hub_id(name: str) -> bool:
+def hub_id(name: str) -> bool:
     """A hub repository's name (owner/name), not a local path."""
     return name.count("/") == 1 and not name.startswith((".", "/", "~")) and not Path(name).exists()
 
