@@ -1,49 +1,78 @@
-"""A head drafter's batch drafted at once against its rows drafted one by one, side by side in one process.
+"""A batch drafted at once against its rows drafted one by one, side by side in one process.
 
 At batch size B the loop hands every row's drafting to ``propose_rows`` when the rows share a drafter class
-that has it: the rows' trees grow in lockstep, one head forward per tree level for all rows and one read of
-the level's top-k per level. One by one, each row runs its own forwards and reads. Both decode the same
-prompts with the same head (``budget=fixed``: the preset's whole tree every step), alternating which goes
-first each round; the table gives, per row and decode step, the drafting milliseconds (the loop's ``draft_s``),
-the host reads of top-k and the wall milliseconds of the whole run, and whether every output equals
-autoregressive decoding's.
+that has it: a head's trees grow in lockstep (one head forward per tree level for all rows, one read of the
+level's top-k), a draft model's chains too (the tokens committed since each row last drafted in one forward,
+then one draft forward and one read per drafted position for all rows). One by one, each row runs its own
+forwards and reads. Both decode the same prompts (``budget=fixed``: the preset's whole draft every step),
+alternating which goes first each round; the table gives, per row and decode step, the drafting milliseconds
+(the loop's ``draft_s``), the host reads while drafting (values read from tensors: on a GPU each waits for the
+device) and the wall milliseconds of the whole run, and whether every output equals autoregressive decoding's.
 
     python bench/batch_drafting.py --method eagle3-cpu --batch-size 4 --rounds 3
+    python bench/batch_drafting.py --method sps --batch-size 4
     python bench/batch_drafting.py --method eagle3-cpu,head=<dir> --batch-size 4
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 
+import torch
 from prompts import one_preset  # bench/ is on sys.path when a script here runs
 
-import specbench.drafting.dynamic_tree as dynamic_tree
+import specbench.core.decode as decode
 from specbench.core.decode import Request, decode_batch, generate
 from specbench.core.forward import Target
-from specbench.drafting.eagle_drafter import HeadDrafter
 from specbench.provenance import environment_info
+
+READS = ("tolist", "item", "__int__", "__float__", "__bool__")
+
+
+@contextlib.contextmanager
+def reads_while_drafting(reads: list[int]):
+    """Count the tensor values read on the host while the loop proposes (every row's drafting)."""
+    saved = {name: getattr(torch.Tensor, name) for name in READS}
+    propose, active = decode._Loop.propose, [False]
+
+    def counting(name):
+        def read(self, *a, **k):
+            reads[0] += active[0]
+            return saved[name](self, *a, **k)
+        return read
+
+    def proposing(loop, rows):
+        active[0] = True
+        try:
+            return propose(loop, rows)
+        finally:
+            active[0] = False
+
+    for name in READS:
+        setattr(torch.Tensor, name, counting(name))
+    decode._Loop.propose = proposing
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(torch.Tensor, name, fn)
+        decode._Loop.propose = propose
 
 
 def main() -> None:
     args, _, loaded, prompts, method, drafter, plain = one_preset(
         __doc__.splitlines()[0], "eagle3-cpu", extra=[("--batch-size", int, 4), ("--rounds", int, 3)])
-    if not isinstance(drafter, HeadDrafter):
-        raise SystemExit(f"{args.method}: not a head drafter (eagle-cpu, eagle3-cpu, …)")
+    kind = type(drafter)
+    if getattr(kind, "propose_rows", None) is None:
+        raise SystemExit(f"{args.method}: drafts each row alone (head and draft-model methods draft a batch at once)")
     target, eos = Target(loaded.model), loaded.eos_token_ids
     expected = [generate(target, plain, p, max_new_tokens=args.max_new_tokens, eos_token_ids=eos).output_ids
                 for p in prompts]
-    one_by_one = type("OneByOne", (type(drafter),), {
-        "propose_rows": None, "propose": lambda self, state: HeadDrafter.propose_rows([self], [state])[0]})
+    one_by_one = type("OneByOne", (kind,), {
+        "propose_rows": None, "propose": lambda self, state: kind.propose_rows([self], [state])[0]})
     reads = [0]
-    top = dynamic_tree._top
-
-    def counted(*a, **k):
-        reads[0] += 1
-        return top(*a, **k)
-
-    dynamic_tree._top = counted
 
     def run(batched: bool) -> tuple[float, float, float, bool]:
         queue = []
@@ -57,8 +86,10 @@ def main() -> None:
         reads[0] = 0
         draft_s, steps, outs = 0.0, 0, []
         start = time.perf_counter()
-        for req, rec in decode_batch(target, lambda: queue.pop() if queue else None, batch_size=args.batch_size,
-                                     eos_token_ids=eos):
+        with reads_while_drafting(reads):
+            finished = list(decode_batch(target, lambda: queue.pop() if queue else None, batch_size=args.batch_size,
+                                         eos_token_ids=eos))
+        for req, rec in finished:
             draft_s += sum(rec.step_draft_s[1:])
             outs.append((req.prompt_ids, rec.output_ids))
             steps += len(rec.step_times) - 1
@@ -74,7 +105,7 @@ def main() -> None:
     print(f"machine: {environment_info('cpu')['device_name']}; {args.model} {args.dtype}; {args.method}, "
           f"{len(prompts)} {args.dataset} prompts at batch size {args.batch_size}, {args.max_new_tokens} new tokens, "
           f"{args.rounds} rounds (medians)")
-    print("| drafting | draft ms per row-step | top-k reads per row-step | wall ms per row-step | outputs equal |")
+    print("| drafting | draft ms per row-step | reads per row-step | wall ms per row-step | outputs equal |")
     print("|---|---|---|---|---|")
     for name, values in got.items():
         cols = [statistics.median(v[i] for v in values) for i in range(3)]

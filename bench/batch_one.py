@@ -32,6 +32,7 @@ import torch
 from omegaconf import OmegaConf
 from methods.registry import build_method_config, get_method
 from specbench.core.decode import generate
+from specbench.core.draft import DrafterContext
 from specbench.core.forward import Target
 from specbench.models import load_model
 from bench.prompts import dataset_prompts
@@ -46,8 +47,9 @@ out = {}
 with torch.inference_mode():
     for name in args["methods"]:
         params = args["params"].get(name, {})
+        context = DrafterContext(target_model=loaded.model, target_name=loaded.name)  # a self-draft's target
         make = lambda: get_method(name)(build_method_config(name, params), vocab_size=loaded.vocab_size,
-                                        tokenizer=loaded.tokenizer)
+                                        tokenizer=loaded.tokenizer, context=context)
         generate(target, make(), prompts[0], max_new_tokens=16, eos_token_ids=loaded.eos_token_ids)  # warm-up
         tokens, seconds, texts = 0, 0.0, []
         for ids in prompts:

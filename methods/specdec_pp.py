@@ -58,7 +58,7 @@ class SpecDecPP(ModelDrafter):
 
     @classmethod
     def host_reads(cls, config: SpecDecPPConfig, drafted: int) -> int:
-        return 2 * drafted  # each drafted token, and the acceptance head's verdict on it
+        return 2 * drafted  # each drafted position: its tokens, and the acceptance head's verdicts on them
     Config = SpecDecPPConfig
     needs_last_hidden = True
 
@@ -88,8 +88,13 @@ class SpecDecPP(ModelDrafter):
         self.kept = 1.0  # predicted chance that every token drafted so far is accepted
 
     def keep_drafting(self, hidden) -> bool:
-        self.kept *= float(self.head(hidden).sigmoid())
-        return 1.0 - self.kept <= self.config.threshold
+        return self.keep_drafting_rows([self], hidden[None])[0]
+
+    def keep_drafting_rows(self, drafters: list[SpecDecPP], hidden) -> list[bool]:
+        """The head's verdicts on every row's newest token in one pass and one read."""
+        for d, p in zip(drafters, self.head(hidden).sigmoid().tolist(), strict=True):
+            d.kept *= p
+        return [1.0 - d.kept <= d.config.threshold for d in drafters]
 
 
 def missing_head(path: Path, target: str, config: SpecDecPPConfig, greedy: bool) -> str:

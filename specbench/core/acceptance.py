@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from specbench.core.draft import Draft
@@ -188,3 +189,96 @@ def accept(
             return path, [draft.tokens[i] for i in path] + [token]
         path.append(children[j])
         node = children[j]
+
+
+def accept_rows(drafts: list[Draft], logits: list[torch.Tensor], params: SamplingParams,
+                generators: list[torch.Generator | None]) -> list[tuple[list[int], list[int]]]:
+    """:func:`accept` of a batch's rows, sampling: every row's walk decided on the device, one host read for all.
+
+    Row ``r`` walks its tree level by level exactly as :func:`_decide` walks it alone and takes the same
+    uniforms from its own generator (drawn before the walk, then the generator is set to where the walk alone
+    would have left it), so each row decides what it decides alone. Rows whose draft sends ``q`` for a node
+    with several children (the multi-draft rule) are walked one by one."""
+    many = any(d.draft_probs is not None and not d.is_chain() for d in drafts)
+    if params.greedy or len(drafts) < 2 or many or any(g is None for g in generators):
+        return [accept(d, x, params, g) for d, x, g in zip(drafts, logits, generators, strict=True)]
+    device = logits[0].device
+    n_rows = len(drafts)
+    kids = [d.children() for d in drafts]
+    nodes = max(len(d.tokens) for d in drafts) + 1
+    width = max(1, max(len(k) for ks in kids for k in ks))
+    levels = max((max(d.depths(), default=0) for d in drafts), default=0) + 1
+    child = np.zeros((n_rows, nodes, width), dtype=np.int64)  # a node's children (guess index), priority order
+    token = np.zeros((n_rows, nodes, width), dtype=np.int64)
+    first = np.zeros((n_rows, nodes, width), dtype=np.float64)  # 1 where a child's token is new at its node
+    count = np.zeros((n_rows, nodes), dtype=np.int64)
+    base = np.zeros(n_rows, dtype=np.int64)  # a row's first logits row among every row's
+    q_base = np.full(n_rows, -1, dtype=np.int64)  # its first q row (-1: deterministic guesses)
+    uniforms, states, at, q_at = [], [], 0, 0
+    for r, (d, ks) in enumerate(zip(drafts, kids, strict=True)):
+        for node, cs in enumerate(ks):
+            xs = [d.tokens[c] for c in cs]
+            child[r, node, : len(cs)], token[r, node, : len(cs)], count[r, node] = cs, xs, len(cs)
+            first[r, node, : len(cs)] = [x not in xs[:j] for j, x in enumerate(xs)]
+        base[r], at = at, at + 1 + len(d.tokens)
+        if d.draft_probs is not None and d.tokens:
+            q_base[r], q_at = q_at, q_at + len(d.tokens)
+        states.append(generators[r].get_state())
+        uniforms.append(torch.rand(sum(len(k) + 1 for k in ks), dtype=torch.float64, generator=generators[r]))
+    u_all = torch.nn.utils.rnn.pad_sequence(uniforms, batch_first=True, padding_value=0.5)
+    flat = torch.cat([x[: 1 + len(d.tokens)] for d, x in zip(drafts, logits, strict=True)])
+    qs = [d.draft_probs for d in drafts if d.draft_probs is not None and d.tokens]
+    q_flat = torch.cat(qs).to(device, torch.float32) if qs else None
+    child, token, first, count, base, q_base, u_all = (
+        upload(a, device) for a in (child, token, first, count, base, q_base, u_all))
+    rows = torch.arange(n_rows, device=device)
+    cur = torch.zeros(n_rows, dtype=torch.int64, device=device)  # the node each row stands on (0: the root)
+    used = torch.zeros(n_rows, dtype=torch.int64, device=device)  # uniforms taken so far
+    live = torch.ones(n_rows, dtype=torch.bool, device=device)
+    out = torch.zeros(n_rows, dtype=torch.int64, device=device)  # the token each row draws at its last node
+    path = torch.full((n_rows, levels), -1, dtype=torch.int64, device=device)
+    slots = torch.arange(width, device=device)
+    for level in range(levels):
+        p = target_probs(flat.index_select(0, base + cur), params)
+        m, xs, cs = count[rows, cur], token[rows, cur], child[rows, cur]
+        valid = slots[None] < m[:, None]
+        r_j = u_all.gather(1, (used[:, None] + slots[None]).clamp_max(u_all.shape[1] - 1))
+        u = 1.0 - u_all.gather(1, (used + m).clamp_max(u_all.shape[1] - 1)[:, None])[:, 0]
+        pd = p.double()
+        px = pd.gather(1, xs) * first[rows, cur] * valid
+        ok_d = (px > r_j * (pd.sum(-1, keepdim=True) - (px.cumsum(1) - px))) & valid
+        hits = torch.zeros_like(p).scatter_add_(1, xs, valid.to(p.dtype))
+        rest_d = p.masked_fill(hits > 0, 0.0)
+        with_q = (q_base >= 0) & (m > 0)
+        if q_flat is not None:
+            q = q_flat.index_select(0, torch.where(q_base >= 0, q_base + cs[:, 0], 0))  # a chain: node k's child is guess k
+            x0 = xs[:, :1]
+            ok_q = (p.gather(1, x0) > r_j[:, :1] * q.gather(1, x0)) & valid[:, :1]
+            left = torch.clamp(p - q, min=0.0)
+            total = left.sum(-1, keepdim=True)
+            rest_q = torch.where(total > 0, left / total, p)
+            ok = torch.where(with_q[:, None], torch.nn.functional.pad(ok_q, (0, width - 1)), ok_d)
+            rest = torch.where(with_q[:, None], rest_q, rest_d)
+        else:
+            ok, rest = ok_d, rest_d
+        rest = torch.where(rest.sum(-1, keepdim=True) > 0, rest, p)
+        hit = ok.any(1)
+        pick = ok.int().argmax(1)
+        cdf = rest.double().cumsum(-1)
+        drawn = torch.searchsorted(cdf, cdf[:, -1:] * u[:, None])[:, 0]
+        nxt = cs.gather(1, pick[:, None])[:, 0]
+        stop = live & ~hit
+        out = torch.where(stop, drawn, out)
+        path[:, level] = torch.where(live & hit, nxt, -1)
+        used = torch.where(live, used + m + 1, used)
+        cur = torch.where(live & hit, nxt + 1, cur)
+        live = live & hit
+    read = torch.cat([used[:, None], out[:, None], path], 1).tolist()  # the one host read
+    results = []
+    for r, (d, row) in enumerate(zip(drafts, read, strict=True)):
+        taken, tok, steps = row[0], row[1], [i for i in row[2:] if i >= 0]
+        if taken != len(uniforms[r]):  # the walk stopped early: the generator moves on by what it took
+            generators[r].set_state(states[r])
+            torch.rand(taken, dtype=torch.float64, generator=generators[r])
+        results.append((steps, [d.tokens[i] for i in steps] + [tok]))
+    return results

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from specbench.core.acceptance import SamplingParams, accept
+from specbench.core.acceptance import SamplingParams, accept, accept_rows
 from specbench.core.clock import Clock
 from specbench.core.draft import DecodeState, Draft, Drafter, Planner, VerifyResult
 from specbench.core.forward import Target
@@ -179,11 +179,17 @@ class _Loop:
             for part in logits:
                 cuts.append(cuts[-1] + part.shape[0])
             best = [flat[a:b] for a, b in zip(cuts, cuts[1:], strict=False)]
+        if self.sampling.greedy or len(rows) == 1:
+            walks = [accept(row.draft, logits[r][: 1 + len(row.draft.tokens)], self.sampling,
+                            row.request.generator, argmax=None if best is None else best[r])
+                     for r, row in enumerate(rows)]
+        else:  # sampling: every row's walk on the device, one read for all
+            walks = accept_rows([row.draft for row in rows], [logits[r][: 1 + len(row.draft.tokens)]
+                                for r, row in enumerate(rows)], self.sampling,
+                                [row.request.generator for row in rows])
         settled = []
-        for r, row in enumerate(rows):
-            draft, n = row.draft, len(row.draft.tokens)
-            path, tokens = accept(draft, logits[r][: 1 + n], self.sampling, row.request.generator,
-                                  argmax=None if best is None else best[r])
+        for r, (row, (path, tokens)) in enumerate(zip(rows, walks, strict=True)):
+            draft = row.draft
             features = _accepted_rows(target.row_features[r], path) if layers else {}
             if row.request.planner is not None:
                 row.request.planner.record(draft, path, draft_s=row.draft_s)

@@ -71,15 +71,18 @@ class _RowLayer(CacheLayerMixin):
 class RowCache(Cache):
     """KV entries of ``slots`` rows for a model whose layers run on ``layer_devices`` (one per layer)."""
 
-    def __init__(self, slots: int, layer_devices: list[torch.device], limit: int | None = None) -> None:
+    def __init__(self, slots: int, layer_devices: list[torch.device | None], limit: int | None = None) -> None:
         if slots < 1:
             raise ValueError(f"a cache needs at least one slot, got {slots}")
         self.slots = slots
         self.lengths = [0] * slots  # committed entries per slot
         self.limit = limit  # most entries a row will ever need (the buffer never doubles past it)
-        self._where: list[tuple[torch.device, int]] = []
+        self._where: list[tuple[torch.device | None, int]] = []
         per_device: dict[torch.device, int] = {}
         for device in layer_devices:
+            if device is None:  # a layer that never runs (a self-draft's skipped layer): no room kept for it
+                self._where.append((None, -1))
+                continue
             device = torch.device(device)
             self._where.append((device, per_device.get(device, 0)))
             per_device[device] = per_device.get(device, 0) + 1
@@ -126,8 +129,21 @@ class RowCache(Cache):
             self.stores[device] = bigger
         self.capacity = grown
 
+    def add_slot(self) -> int:
+        """One more (empty) slot; returns its index."""
+        for device, store in self.stores.items():
+            bigger = store.new_empty((store.shape[0], 2, self.slots + 1, *store.shape[3:]))
+            bigger[:, :, : self.slots] = store
+            bigger[:, :, self.slots, :, : self.touched].zero_()
+            self.stores[device] = bigger
+        self.lengths.append(0)
+        self.slots += 1
+        return self.slots - 1
+
     def _write(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         device, j = self._where[layer]
+        if device is None:
+            raise ValueError(f"layer {layer} was left out of this cache")
         store = self.stores.get(device)
         if store is None:
             store = self._allocate(device, keys)

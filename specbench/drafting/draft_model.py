@@ -1,22 +1,8 @@
 """A second language model for drafting: a separate small model, or the target with layers skipped.
 
-:class:`DraftLM` runs a causal LM's own parts (embedding, rotary embedding,
-a chosen list of decoder layers, final norm, LM head) with a KV cache of its
-own. With every layer it is the model itself; with some layers left out it is
-a *self-draft*: the target's first ``k`` layers, or the target without a set
-of skipped layers (layer-skipping self-speculation keeps early and late
-layers). The weights are the target's, shared, never copied or patched; the
-skipped layers' cache slots simply stay empty.
-
-A draft whose vocabulary is shorter than the target's (same tokenizer, a
-smaller embedding) gets ``q`` padded with zeros up to the target's vocabulary,
-and reads a committed token it has no embedding for as token 0 (such tokens
-are unused or special ids; only the draft's guesses can suffer). A longer one
-has its logits cut to the target's vocabulary before ``q`` is formed.
-
-The draft's cache follows the committed tokens: before each proposal it is
-cropped to the longest prefix it shares with them (rejected drafted tokens go)
-and the tokens committed since are fed in one forward.
+The draft itself, :class:`~specbench.drafting.draft_lm.DraftLM`, keeps its KV entries in a slot of a cache it
+shares with the other requests' drafts, so a batch drafts in lockstep (:meth:`ModelDrafter.propose_rows`: one
+draft forward and one read per drafted position for every row).
 
 :class:`ModelDrafter` is the drafter both draft-model methods share (``sps``
 with a fixed length, ``specdec_pp`` with a learned stopping rule). It
@@ -44,12 +30,11 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from transformers import DynamicCache
 
-from specbench.core.acceptance import SamplingParams, sample, target_probs
+from specbench.core.acceptance import SamplingParams
 from specbench.core.draft import SOURCE_MODEL, DecodeState, Draft, Drafter, DrafterContext
-from specbench.core.forward import Target, cache_kwarg, upload
+from specbench.core.forward import upload
+from specbench.drafting.draft_lm import DraftLM
 from specbench.errors import ConfigError
 from specbench.models import model_config_check, model_preset
 
@@ -109,83 +94,6 @@ class DraftModelSettings:
         return kept
 
 
-class DraftLM:
-    """A causal LM run part by part over ``layers`` with its own KV cache (batch size 1)."""
-
-    def __init__(self, model: torch.nn.Module, layers: list[int] | None = None, vocab_size: int | None = None):
-        self.model = model
-        self.base = model.base_model
-        self.head = model.get_output_embeddings()
-        n_layers = len(self.base.layers)
-        self.layers = list(range(n_layers)) if layers is None else list(layers)
-        self.shape = Target(model)  # for its masks (sliding windows included) and device
-        self.hidden_device = self.base.norm.weight.device  # where the last hidden states come out (a sharded
-        # model's last GPU): heads that read them go there
-        config = self.shape.model.config
-        config = config.get_text_config() if hasattr(config, "get_text_config") else config
-        self.softcap = getattr(config, "final_logit_softcapping", None)
-        self.draft_vocab = self.head.weight.shape[0]
-        self.embed_size = self.base.embed_tokens.weight.shape[0]
-        self.vocab_size = vocab_size or self.draft_vocab  # the target's: q is padded (or cut) to it
-        self.cache = DynamicCache()
-        self.tokens: list[int] = []  # the tokens whose keys and values the cache holds
-
-    def reset(self) -> None:
-        self.cache = DynamicCache()
-        self.tokens = []
-
-    def forward(self, ids: list[int], every_position: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """Feed ``ids`` after the cached tokens; return the logits and last hidden state of the last
-        one (``[vocab]``, ``[hidden]``), or of every one (``[q, vocab]``, ``[q, hidden]``)."""
-        past, q = len(self.tokens), len(ids)
-        device = self.shape.device
-        ids_t = upload([ids], device)
-        if max(ids) >= self.embed_size:  # a target token the draft has no embedding for: read as token 0
-            ids_t = ids_t.masked_fill(ids_t >= self.embed_size, 0)
-        hidden = self.base.embed_tokens(ids_t)
-        positions = torch.arange(past, past + q, device=device)[None]
-        mask = None
-        if q > 1 or self.shape.has_sliding:
-            mask = self.shape._mask(np.tril(np.ones((q, q), dtype=bool)), np.arange(q), past)
-        types = self.shape.layer_types
-        if types:
-            rope = {t: self.base.rotary_emb(hidden, positions, t) for t in set(types)}
-        else:
-            rope = self.base.rotary_emb(hidden, positions)
-        for i in self.layers:
-            kind = types[i] if types else None
-            out = self.base.layers[i](
-                hidden,
-                attention_mask=mask[kind] if isinstance(mask, dict) else mask,
-                position_embeddings=rope[kind] if types else rope,
-                position_ids=positions,
-                **{cache_kwarg(self.base.layers[i]): self.cache},
-                use_cache=True,
-            )
-            hidden = out[0] if isinstance(out, tuple) else out
-        hidden = self.base.norm(hidden[0] if every_position else hidden[0, -1])
-        logits = self.head(hidden).float()
-        if self.softcap:
-            logits = torch.tanh(logits / self.softcap) * self.softcap
-        self.tokens.extend(ids)
-        return logits, hidden
-
-    def catch_up(self, committed: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keep the cache's longest common prefix with ``committed``, feed the rest (at least its last token)."""
-        n = min(len(self.tokens), len(committed) - 1)
-        same = next((i for i in range(n) if self.tokens[i] != committed[i]), n)
-        if same < len(self.tokens):
-            self.cache.crop(same - len(self.tokens))
-            del self.tokens[same:]
-        return self.forward(committed[same:])
-
-    def q(self, logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-        """The draft distribution over the target's vocabulary (zeros past a shorter draft vocabulary)."""
-        logits = logits[: self.vocab_size]
-        probs = target_probs(logits, params)
-        return F.pad(probs, (0, self.vocab_size - probs.shape[-1])) if probs.shape[-1] < self.vocab_size else probs
-
-
 def same_tokenizer(a: Any, b: Any) -> bool:
     return a is b or (a is not None and b is not None and a.get_vocab() == b.get_vocab())
 
@@ -238,8 +146,7 @@ class ModelDrafter(Drafter):
     def spawn(self) -> ModelDrafter:
         """Another request's drafter: the same draft model (shared weights), its own cache and sampling stream."""
         twin = copy.copy(self)
-        twin.lm = copy.copy(self.lm)
-        twin.lm.reset()
+        twin.lm = self.lm.twin()
         twin.generator = torch.Generator()
         return twin
 
@@ -262,27 +169,58 @@ class ModelDrafter(Drafter):
 
     needs_last_hidden = False  # feed the chain's last token too (a stopping rule reads its hidden state)
 
+    def keep_drafting_rows(self, drafters: list[ModelDrafter], hidden: torch.Tensor) -> list[bool]:
+        """:meth:`keep_drafting` of several drafters, ``hidden`` their rows (a stopping rule may read them at once)."""
+        return [d.keep_drafting(h) for d, h in zip(drafters, hidden, strict=True)]
+
     def propose(self, state: DecodeState) -> Draft | None:
-        depth = min(self.max_length(), state.max_depth)
-        if depth < 1:
-            return None
-        logits, _ = self.lm.catch_up(state.tokens)
-        self.begin_chain()
-        chain = DraftChain()
-        greedy = self.params.greedy
-        while True:
+        return self.propose_rows([self], [state])[0]
+
+    @staticmethod
+    def propose_rows(drafters: list[ModelDrafter], states: list[DecodeState]) -> list[Draft | None]:
+        """The chains of several requests (a batch) drafting with one draft model, drafted in lockstep: the
+        tokens committed since each last drafted in one forward, then one draft forward and one read per drafted
+        position for every row still drafting. A row drafts what it would alone (its own sampling stream)."""
+        out: list[Draft | None] = [None] * len(drafters)
+        rows = [(i, d, min(d.max_length(), s.max_depth)) for i, (d, s) in enumerate(zip(drafters, states,
+                                                                                     strict=True))]
+        rows = [row for row in rows if row[2] >= 1]
+        if not rows:
+            return out
+        first = rows[0][1]
+        logits, _ = DraftLM.catch_up_rows([d.lm for _, d, _ in rows], [states[i].tokens for i, _, _ in rows])
+        chains = [DraftChain() for _ in rows]
+        for _, d, _ in rows:
+            d.begin_chain()
+        live = list(range(len(rows)))  # rows still drafting; ``logits`` holds theirs, in this order
+        greedy, params = first.params.greedy, first.params
+        while live:
             if greedy:
-                token = int(logits[: self.lm.vocab_size].argmax())
+                tokens = logits[:, : first.lm.vocab_size].argmax(-1).tolist()
             else:
-                q = self.lm.q(logits, self.params)
-                token = sample(q, self.generator)
-                chain.q_rows.append(q)
-            chain.tokens.append(token)
-            last = len(chain.tokens) == depth
-            if last and not self.needs_last_hidden:
+                q = first.lm.q(logits, params)
+                u = [1.0 - float(torch.rand((), dtype=torch.float64, generator=rows[j][1].generator)) for j in live]
+                cdf = q.double().cumsum(-1)
+                tokens = torch.searchsorted(cdf, cdf[:, -1:] * upload(u, cdf.device)[:, None])[:, 0].tolist()
+                for k, j in enumerate(live):
+                    chains[j].q_rows.append(q[k])
+            for j, token in zip(live, tokens, strict=True):
+                chains[j].tokens.append(token)
+            fed = [j for j in live if len(chains[j].tokens) < rows[j][2] or first.needs_last_hidden]
+            if not fed:
                 break
-            logits, hidden = self.lm.forward([token])
-            if last or not self.keep_drafting(hidden):
-                break
-        probs = None if greedy else torch.stack(chain.q_rows)
-        return Draft.chain(chain.tokens, SOURCE_MODEL, draft_probs=probs)
+            at = {j: k for k, j in enumerate(live)}
+            logits, hidden = DraftLM.feed([rows[j][1].lm for j in fed], [[tokens[at[j]]] for j in fed])
+            more = [k for k, j in enumerate(fed) if len(chains[j].tokens) < rows[j][2]]
+            if len(more) < len(fed):
+                index = upload(more, logits.device, torch.int64)
+                logits, hidden = logits.index_select(0, index), hidden.index_select(0, index)
+            go = first.keep_drafting_rows([rows[fed[k]][1] for k in more], hidden) if more else []
+            keep = [k for k, ok in enumerate(go) if ok]
+            live = [fed[more[k]] for k in keep]
+            if len(keep) < len(more):
+                logits = logits.index_select(0, upload(keep, logits.device, torch.int64))
+        for (i, _, _), chain in zip(rows, chains, strict=True):
+            probs = None if greedy else torch.stack(chain.q_rows)
+            out[i] = Draft.chain(chain.tokens, SOURCE_MODEL, draft_probs=probs)
+        return out

@@ -417,44 +417,55 @@ def test_a_head_that_skips_steps_catches_up_and_drafts_what_it_would_have(case, 
     assert {step: some.seen[step] for step in drafted} == {step: every.seen[step] for step in drafted}
 
 
-@pytest.mark.parametrize("case", ["eagle", "eagle3"])
-def test_a_batch_of_head_drafts_reads_each_tree_level_once_for_every_row(case, models, store, heads, saved,
-                                                                         monkeypatch):
-    """Greedy, a batch of 4 on 2 simulated GPUs: each batched step costs at most one read of the verified
-    tokens (every row's argmax at once) and one per tree level for all rows (the head drafts the batch at once),
-    counted from the sync debug mode's warnings; drafted row by row it needs a read per level per row."""
+@pytest.mark.parametrize(("case", "temperature"), [("eagle", 0.0), ("eagle3", 0.0), ("sps", 0.0), ("sps", 1.0),
+                                                    ("specdec_pp", 0.0)])
+def test_a_batch_drafts_and_accepts_with_one_read_per_level_for_every_row(case, temperature, models, store, heads,
+                                                                           saved, monkeypatch):
+    """A batch of 4 on 2 simulated GPUs: each batched step costs at most one read of the verified tokens (every
+    row's argmax, or every row's sampling walk, at once) and the drafter's reads for one row (a head: one per
+    tree level; a draft model: one per drafted position, SpecDec++ two) for all rows, counted from the sync debug
+    mode's warnings; drafted row by row it needs that per row."""
     import specbench.core.decode as decode_module
-    from specbench.drafting.eagle_drafter import HeadDrafter
     from specbench.run.syncs import count, sync_warnings
 
     lm = models[2]
-    depths = []
+    sampling = SamplingParams(temperature=temperature)
 
     def per_step(one_by_one: bool) -> list[int]:
         counts: list[int] = []
         step = decode_module._Loop.step
         with simulated_gpus(2, free_memory(saved[1], 2)), sync_warnings() as caught:
-            make, cls = maker(case, lm.model, SamplingParams(), store, heads)
+            make, cls = maker(case, lm.model, sampling, store, heads)
 
             def counted(loop):
-                before = len(caught)
+                before, rows = len(caught), len(loop.rows)
                 step(loop)
-                counts.append(count(caught[before:]))
+                if rows > 1:  # a batch's steps (the drain's last row decodes at batch size 1)
+                    longest = max(len(row.draft.tokens) for row in loop.rows)
+                    counts.append((count(caught[before:]), 1 + cls.host_reads(config, longest)))
 
             monkeypatch.setattr(decode_module._Loop, "step", counted)
+            if one_by_one:  # each row drafts and accepts alone, as before the batch did both at once
+                monkeypatch.setattr(decode_module, "accept_rows", lambda drafts, logits, params, gens: [
+                    decode_module.accept(*args) for args in zip(drafts, logits, [params] * len(drafts), gens,
+                                                                strict=True)])
             queue = batch_requests(lm, make)
-            depths.append(queue[0].drafter.config.depth)
-            if one_by_one:  # each row drafts alone, as before the batch drafted at once
+            config = queue[0].drafter.config
+            if one_by_one:
+                alone = cls.propose_rows
                 for req in queue:
                     req.drafter.__class__ = type("OneByOne", (cls,), {
-                        "propose_rows": None, "propose": lambda self, s: HeadDrafter.propose_rows([self], [s])[0]})
+                        "propose_rows": None, "propose": lambda self, s, alone=alone: alone([self], [s])[0]})
+            for i, req in enumerate(queue):
+                req.generator = torch.Generator().manual_seed(i)
             queue = queue[::-1]
-            for _ in decode_batch(Target(lm.model), lambda: queue.pop() if queue else None, batch_size=4):
+            for _ in decode_batch(Target(lm.model), lambda: queue.pop() if queue else None, batch_size=4,
+                                  sampling=sampling):
                 pass
             monkeypatch.setattr(decode_module._Loop, "step", step)
         return counts
 
     batched, alone = per_step(False), per_step(True)
-    depth = depths[0]
-    assert batched and min(batched) >= 1 and max(batched) <= 1 + depth
-    assert max(alone) > 1 + depth and sum(alone) > sum(batched)  # the same steps, read level by level per row
+    assert batched and all(1 <= n <= most for n, most in batched)  # most: 1 + one row's reads for its longest
+    assert any(n > most for n, most in alone)  # the same steps, read row by row
+    assert sum(n for n, _ in alone) > sum(n for n, _ in batched)

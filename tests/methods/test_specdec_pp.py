@@ -98,7 +98,7 @@ def test_drafter_stops_where_the_rule_says(tiny_llama, cache):
     predictions = [0.9, 0.8, 0.4, 0.99, 0.99]
     logit = torch.tensor(predictions).logit()
     calls = iter(range(100))
-    d.head = lambda hidden: logit[next(calls) % len(predictions)]
+    d.head = lambda hidden: logit[next(calls) % len(predictions)].expand(hidden.shape[:-1])  # a verdict per row
     prompt = tiny_llama.tokenizer.encode("abcabc")
     d.new_turn(prompt)
     draft = d.propose(DecodeState(prompt, len(prompt), max_new_tokens=100))

@@ -158,6 +158,54 @@ def test_proposal_is_a_chain_of_at_most_k_within_the_budget(tiny_llama):
     assert d.propose(DecodeState(prompt, len(prompt), max_new_tokens=1)) is None
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("lm_name", ["tiny_llama", "tiny_gemma3"])
+def test_a_batch_drafts_what_each_request_drafts_alone(request, lm_name, temperature):
+    """Requests drafting together (rows at their own lengths, a new prompt among short catch-ups, rejected
+    tokens cut from the draft's cache, rows that stop early) propose the chains, and ``q`` (to rounding), they
+    propose alone."""
+    lm = request.getfixturevalue(lm_name)
+    sampling = SamplingParams(temperature=temperature)
+    prompts = [lm.tokenizer.encode(t) for t in TEXTS] + [lm.tokenizer.encode(TEXTS[1] * 3)]
+    first = sps(lm, sampling, self_first_layers=None, self_skip_layers=[0], k=4)
+    together = [first] + [first.spawn() for _ in prompts[1:]]
+    alone = [sps(lm, sampling, self_first_layers=None, self_skip_layers=[0], k=4) for _ in prompts]
+    assert len({d.lm.slot for d in together}) == len(prompts)  # one cache, a slot each
+    seqs = [list(p) for p in prompts]
+    for d, a, p in zip(together, alone, seqs, strict=True):
+        d.new_turn(p)
+        a.new_turn(p)
+    rng = torch.Generator().manual_seed(1)
+    for step in range(6):
+        caps = [None, 2, None, 0 if step % 2 else None]  # one row capped, one skipping every other step
+        states = [DecodeState(s, len(p), 40, depth_cap=c) for s, p, c in zip(seqs, prompts, caps, strict=True)]
+        got = SpeculativeSampling.propose_rows(together, states)
+        want = [a.propose(s) for a, s in zip(alone, states, strict=True)]
+        for g, w in zip(got, want, strict=True):
+            assert (g is None) == (w is None)
+            if g is not None:
+                assert g.tokens == w.tokens
+                assert (g.draft_probs is None) == (w.draft_probs is None)
+                # equal up to rounding: a batched forward sums in another order than a row alone
+                assert g.draft_probs is None or torch.allclose(g.draft_probs, w.draft_probs, atol=1e-6)
+        for s, g in zip(seqs, got, strict=True):  # commit a random prefix of each chain, then a token of its own
+            kept = int(torch.randint(0, len(g.tokens) + 1, (), generator=rng)) if g else 0
+            s.extend((g.tokens[:kept] if g else []) + [int(torch.randint(0, 50, (), generator=rng))])
+    assert any(g is not None and len(g.tokens) == 4 for g in got)
+
+
+def test_a_drafts_slot_is_freed_when_it_goes(tiny_llama):
+    first = sps(tiny_llama, self_first_layers=1)
+    twin = first.spawn()
+    slot = twin.lm.slot
+    assert slot != first.lm.slot and first.lm.rows is twin.lm.rows
+    del twin
+    import gc
+
+    gc.collect()
+    assert first.spawn().lm.slot == slot and first.lm.rows.cache.slots == 2  # reused: the cache did not grow
+
+
 # ---------------------------------------------------------------- greedy
 
 

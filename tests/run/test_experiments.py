@@ -143,7 +143,8 @@ def test_smoke_experiment_runs_and_reports(smoke, tmp_path, request):
     assert len(df) and df["preset"].notna().all() and (df["preset"] != "").all()
     assert {"preset", "attn_implementation", "device"} <= set(df.columns)
     # the sweep ends with every preset side by side on stdout, its legend under it; logs go to stderr
-    final = out.stdout.rsplit("\n\n| preset", 1)[-1]
+    legend = out.stdout.rfind("- speedup: ")  # the last table before the speedup legend (a serving table follows)
+    final = out.stdout[out.stdout.rfind("\n\n|", 0, legend) if legend >= 0 else -200 :]
     assert all(f"| {p} " in final for p in set(df["preset"])), out.stdout[-3000:]
     assert "- speedup: " in final and "make summary RESULTS=" in final
     assert "[HYDRA]" not in out.stdout and "][INFO]" not in out.stdout
