@@ -157,6 +157,8 @@ class DraftLM:
             lm.tokens.extend(block)
         if every_position:
             hidden = hidden[0]
+        elif n == 1:
+            hidden = hidden[0, -1:]
         else:
             last = [(s - lo) * q + sizes[s - lo] - 1 for s in (lm.slot for lm in lms)]
             hidden = hidden.flatten(0, 1).index_select(0, upload(last, hidden.device))

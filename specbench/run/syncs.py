@@ -34,6 +34,16 @@ def ceilings(cls: Any, config: Any, record: Any, sampled: bool) -> list[int]:
     return [1 + cls.host_reads(config, drafted) + (tokens - 1 if sampled else 0) for drafted, tokens in steps]
 
 
+def batch_ceiling(cls: Any, config: Any, drafted: list[int]) -> int:
+    """The most syncs one step of a batch may cost, its rows having drafted ``drafted`` guesses: one read of
+    every row's verified tokens (greedy: every argmax at once; sampling: every row's walk at once), and the
+    drafting's: one row's reads for the longest draft when ``cls`` drafts the batch at once (``propose_rows``),
+    else every row's own."""
+    if getattr(cls, "propose_rows", None) is not None:
+        return 1 + cls.host_reads(config, max(drafted))
+    return 1 + sum(cls.host_reads(config, d) for d in drafted)
+
+
 @contextlib.contextmanager
 def sync_warnings() -> Iterator[list]:
     """torch's sync debug mode set to warn for the block; yields the live list of warnings caught (every kind:

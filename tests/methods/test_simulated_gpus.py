@@ -19,6 +19,7 @@ from collections import Counter
 import pytest
 import torch
 
+import specbench.core.decode as decode_module
 from methods.registry import build_method_config, get_method
 from specbench.budget.batch import BatchBudget
 from specbench.budget.costs import CostModel
@@ -30,7 +31,7 @@ from specbench.core.forward import Target
 from specbench.core.reference import References
 from specbench.drafting.eagle_drafter import random_head
 from specbench.models import load_model
-from specbench.run.syncs import ceilings, judge, step_syncs
+from specbench.run.syncs import batch_ceiling, ceilings, count, judge, step_syncs, sync_warnings
 from specbench.stores.datastore import write_store
 from tests.conftest import CPU_SDPA, model_cfg
 from tests.methods.test_contract import TARGET_NAME, _head, shipped_methods
@@ -296,23 +297,43 @@ BATCHES = [pytest.param(2, 0, marks=pytest.mark.slow), (4, 2), pytest.param(8, 0
 @pytest.mark.parametrize(("batch_size", "gpus"), BATCHES)
 @pytest.mark.parametrize("case", CASES)
 def test_every_method_decoded_in_a_batch_gives_each_request_its_autoregressive_output(case, batch_size, gpus,
-                                                                                      models, store, heads, saved):
+                                                                                      models, store, heads, saved,
+                                                                                      monkeypatch):
     """Greedy, fp32: requests decoded together (rows at their own lengths, finished slots refilled) yield
     token for token what each yields alone with plain decoding; on the simulated GPUs under budget=auto (each
-    step's block planned for all rows)."""
+    step's block planned for all rows), each batched step within its sync ceiling
+    (:func:`specbench.run.syncs.batch_ceiling`)."""
     sampling = SamplingParams()
     if not _AR_BATCH:
         for req in batch_requests(models[0], lambda: Drafter(vocab_size=0)):
             _AR_BATCH[req.tag] = generate(Target(models[0].model), Drafter(vocab_size=0), req.prompt_ids,
                                           max_new_tokens=req.max_new_tokens).output_ids
     lm = models[gpus]
-    with simulated_gpus(gpus, free_memory(saved[1], gpus)) if gpus else contextlib.nullcontext():
+    syncs = []  # on simulated GPUs: each batched step's syncs and its ceiling
+    with simulated_gpus(gpus, free_memory(saved[1], gpus)) if gpus else contextlib.nullcontext(), \
+            sync_warnings() as caught:
         make, cls = maker(case, lm.model, sampling, store, heads)
         budget = BatchBudget(GPU_BATCH_CURVE, aux_feeds=cls.AUX_FEEDS) if gpus else None
         queue = batch_requests(lm, make, planner=budget.planner() if budget else None)[::-1]
+        step, propose, proposed = decode_module._Loop.step, decode_module._Loop.propose, []
+
+        def proposing(loop, rows):  # what each row proposed, before the batch's plan cut it
+            propose(loop, rows)
+            proposed[:] = [len(row.draft.tokens) for row in rows]
+
+        def counted(loop):
+            before = len(caught)
+            step(loop)
+            if len(loop.rows) > 1:
+                syncs.append((count(caught[before:]), batch_ceiling(cls, config, proposed)))
+
+        config = queue[-1].drafter.config
+        monkeypatch.setattr(decode_module._Loop, "step", counted)
+        monkeypatch.setattr(decode_module._Loop, "propose", proposing)
         got = {req.tag: rec for req, rec in decode_batch(Target(lm.model), lambda: queue.pop() if queue else None,
                                                          batch_size=batch_size, plan_rows=budget)}
     assert {tag: rec.output_ids for tag, rec in got.items()} == _AR_BATCH
+    assert not gpus or (syncs and all(1 <= n <= most for n, most in syncs)), syncs
     assert budget is None or any(b == batch_size for b, _ in budget.blocks)
     assert len({rec.slot for rec in got.values()}) == min(batch_size, len(got))
 
