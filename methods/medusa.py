@@ -108,13 +108,24 @@ class Medusa(Drafter):
         self.last = self._last(result.features)
 
     def propose(self, state: DecodeState) -> Draft | None:
-        depth = min(len(self.heads), state.max_depth)
-        if self.last is None or depth < 1:
-            return None
-        logits = self.heads.logits(self.last, self.lm_head, first=depth)[:, 0]
-        widest = max(self.ranks[:depth])
-        # every head's candidates in one read (the first r of a sorted top-R are the top r)
-        ranked = logits.topk(widest, dim=-1).indices.tolist() if widest else [[] for _ in range(depth)]
-        top = [ranked[d][: self.ranks[d]] for d in range(depth)]
-        tokens, parents = tree_draft(self.paths, top)
-        return Draft(tokens=tokens, parents=parents, sources=[SOURCE_HEAD] * len(tokens))
+        return self.propose_rows([self], [state])[0]
+
+    @staticmethod
+    def propose_rows(drafters: list[Medusa], states: list[DecodeState]) -> list[Draft | None]:
+        """The trees of several requests (a batch) sharing the heads: every row's heads in one pass over their
+        final states and every row's candidates in one read; each row keeps its own depth cap."""
+        out: list[Draft | None] = [None] * len(drafters)
+        rows = [(i, d, min(len(d.heads), s.max_depth)) for i, (d, s) in enumerate(zip(drafters, states, strict=True))]
+        rows = [row for row in rows if row[1].last is not None and row[2] >= 1]
+        if not rows:
+            return out
+        first, deepest = rows[0][1], max(depth for *_, depth in rows)
+        logits = first.heads.logits(torch.cat([d.last for _, d, _ in rows]), first.lm_head, first=deepest)
+        widest = max(first.ranks[:deepest])
+        # every head's candidates for every row in one read (the first r of a sorted top-R are the top r)
+        ranked = logits.topk(widest, dim=-1).indices.tolist() if widest else [[[]] * len(rows)] * deepest
+        for k, (i, d, depth) in enumerate(rows):
+            top = [ranked[h][k][: d.ranks[h]] for h in range(depth)]
+            tokens, parents = tree_draft(d.paths, top)
+            out[i] = Draft(tokens=tokens, parents=parents, sources=[SOURCE_HEAD] * len(tokens))
+        return out

@@ -367,7 +367,7 @@ def test_drafters_spawned_for_a_batch_share_what_memory_run_keeps_and_nothing_el
         assert twin.eagle.head is first.eagle.head and twin.eagle.cache is not first.eagle.cache
 
 
-@pytest.mark.parametrize("case", ["spectra_core", "token_recycling", "sps", "eagle"])
+@pytest.mark.parametrize("case", ["spectra_core", "token_recycling", "sps", "eagle", "medusa"])
 def test_sampled_requests_in_a_batch_on_two_gpus_draw_what_each_draws_alone_on_the_cpu(case, models, store, heads,
                                                                                        saved):
     """T = 1: each request keeps its own sampling stream, so a batch of 4 on 2 simulated GPUs draws the tokens
@@ -438,16 +438,14 @@ def test_a_head_that_skips_steps_catches_up_and_drafts_what_it_would_have(case, 
     assert {step: some.seen[step] for step in drafted} == {step: every.seen[step] for step in drafted}
 
 
-@pytest.mark.parametrize(("case", "temperature"), [("eagle", 0.0), ("eagle3", 0.0), ("sps", 0.0), ("sps", 1.0),
-                                                    ("specdec_pp", 0.0)])
+@pytest.mark.parametrize(("case", "temperature"), [("eagle", 0.0), ("eagle3", 0.0), ("medusa", 0.0), ("medusa", 1.0),
+                                                    ("sps", 0.0), ("sps", 1.0), ("specdec_pp", 0.0)])
 def test_a_batch_drafts_and_accepts_with_one_read_per_level_for_every_row(case, temperature, models, store, heads,
                                                                            saved, monkeypatch):
     """A batch of 4 on 2 simulated GPUs: each batched step costs at most one read of the verified tokens (every
-    row's argmax, or every row's sampling walk, at once) and the drafter's reads for one row (a head: one per
-    tree level; a draft model: one per drafted position, SpecDec++ two) for all rows, counted from the sync debug
-    mode's warnings; drafted row by row it needs that per row."""
-    import specbench.core.decode as decode_module
-    from specbench.run.syncs import count, sync_warnings
+    row's argmax, or every row's sampling walk, at once) and the drafter's reads for one row (EAGLE: one per
+    tree level; Medusa: one; a draft model: one per drafted position, SpecDec++ two) for all rows, counted from
+    the sync debug mode's warnings; drafted row by row it needs that per row."""
 
     lm = models[2]
     sampling = SamplingParams(temperature=temperature)
