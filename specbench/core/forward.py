@@ -154,21 +154,24 @@ class Target:
         # that moves every tensor argument to the first GPU and every output back there, where the final hidden
         # states (on the last GPU) cannot be indexed, and the heads that read them are not.
         cache.begin(lo, lo + ids.shape[0], ids.shape[1])
+        # hidden_states[0] is the embeddings' output, [i] layer i's input, [-1] the final norm's output: the
+        # last alone is the output itself (asking for every layer's costs hooks on each layer, every step)
+        every = any(layer != -1 for layer in features)
         out = self.base(
             input_ids=ids,
             position_ids=positions,
             attention_mask=mask,
             **{self.cache_kwarg: cache},
             use_cache=True,
-            output_hidden_states=bool(features),
+            output_hidden_states=every,
         )
-        hidden = out.last_hidden_state.flatten(0, 1)
+        last = out.last_hidden_state
+        self.features = {layer: out.hidden_states[layer] if every else last for layer in features}
+        hidden = last.flatten(0, 1)
         if isinstance(keep, torch.Tensor):
             hidden = hidden.index_select(0, keep)
         elif keep:
             hidden = hidden[-keep:]
-        # hidden_states[0] is the embeddings' output, [i] layer i's input, [-1] the final norm's output
-        self.features = {layer: out.hidden_states[layer] for layer in features} if features else {}
         return self.logits(hidden)
 
     def prefill(self, prompt_ids: list[int], cache: RowCache, features: tuple[int, ...] = (),
