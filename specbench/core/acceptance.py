@@ -193,14 +193,15 @@ def accept(
 
 def accept_rows(drafts: list[Draft], logits: list[torch.Tensor], params: SamplingParams,
                 generators: list[torch.Generator | None]) -> list[tuple[list[int], list[int]]]:
-    """:func:`accept` of a batch's rows, sampling: every row's walk decided on the device, one host read for all.
+    """:func:`accept` of a batch's rows (or of one row on a GPU), sampling: every row's walk decided on the device,
+    one host read for all.
 
     Row ``r`` walks its tree level by level exactly as :func:`_decide` walks it alone and takes the same
     uniforms from its own generator (drawn before the walk, then the generator is set to where the walk alone
     would have left it), so each row decides what it decides alone. Rows whose draft sends ``q`` for a node
     with several children (the multi-draft rule) are walked one by one."""
     many = any(d.draft_probs is not None and not d.is_chain() for d in drafts)
-    if params.greedy or len(drafts) < 2 or many or any(g is None for g in generators):
+    if params.greedy or many or any(g is None for g in generators):
         return [accept(d, x, params, g) for d, x, g in zip(drafts, logits, generators, strict=True)]
     device = logits[0].device
     n_rows = len(drafts)

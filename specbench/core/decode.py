@@ -179,11 +179,11 @@ class _Loop:
             for part in logits:
                 cuts.append(cuts[-1] + part.shape[0])
             best = [flat[a:b] for a, b in zip(cuts, cuts[1:], strict=False)]
-        if self.sampling.greedy or len(rows) == 1:
+        if self.sampling.greedy or (len(rows) == 1 and not logits[0].is_cuda):  # a CPU reads for free
             walks = [accept(row.draft, logits[r][: 1 + len(row.draft.tokens)], self.sampling,
                             row.request.generator, argmax=None if best is None else best[r])
                      for r, row in enumerate(rows)]
-        else:  # sampling: every row's walk on the device, one read for all
+        else:  # sampling in a batch or on a GPU: every row's walk on the device, one read for all
             walks = accept_rows([row.draft for row in rows], [logits[r][: 1 + len(row.draft.tokens)]
                                 for r, row in enumerate(rows)], self.sampling,
                                 [row.request.generator for row in rows])

@@ -79,7 +79,7 @@ def check_syncs(target: Target, dtype: str, model_name: str, texts: list[list[in
                     with step_syncs(drafter) as counts:
                         rec = generate(target, drafter, prompt, max_new_tokens=new_tokens, sampling=sampling,
                                        generator=gen)
-                    ok, detail = judge(counts, ceilings(type(drafter), drafter.config, rec, not sampling.greedy))
+                    ok, detail = judge(counts, ceilings(type(drafter), drafter.config, rec))
                     if not ok:
                         bad.append(f"{name} {detail}")
                         break

@@ -8,7 +8,8 @@ the drafter's own reads. The timing's explicit ``torch.cuda.synchronize`` does n
 
 :func:`ceilings` is what each step of a method needs: one read of the step's verified tokens, what its drafter
 reads (:meth:`~specbench.core.draft.Drafter.host_reads`: an auxiliary window's logits once, an EAGLE tree once
-per level, a draft model once per drafted token) and, when sampling, one accept decision per accepted guess.
+per level, a draft model once per drafted token); a sampled step's acceptance is decided on the device and read
+once, as a greedy step's argmaxes are.
 These are the counts measured on simulated GPUs, where each is reached. :func:`judge` checks every step
 against its ceiling and against the floor of one read a step: a counter that counted nothing fails.
 """
@@ -26,12 +27,11 @@ SYNC_MESSAGE = "synchroniz"  # torch's warning: "called a synchronizing CUDA ope
 FLOOR = 1  # every decode step reads what the target verified
 
 
-def ceilings(cls: Any, config: Any, record: Any, sampled: bool) -> list[int]:
+def ceilings(cls: Any, config: Any, record: Any) -> list[int]:
     """The most syncs each decode step of ``record`` may cost for drafter class ``cls`` (its ``config``): the
-    verification's one read, what the drafter reads for the guesses it drafted
-    (:meth:`specbench.core.draft.Drafter.host_reads`) and, sampling, one accept decision per accepted guess."""
-    steps = zip(record.step_drafted[1:], record.step_tokens[1:], strict=True)
-    return [1 + cls.host_reads(config, drafted) + (tokens - 1 if sampled else 0) for drafted, tokens in steps]
+    verification's one read (greedy: the argmaxes; sampled: the whole walk, decided on the device) and what the
+    drafter reads for the guesses it drafted (:meth:`specbench.core.draft.Drafter.host_reads`)."""
+    return [1 + cls.host_reads(config, drafted) for drafted in record.step_drafted[1:]]
 
 
 def batch_ceiling(cls: Any, config: Any, drafted: list[int]) -> int:

@@ -192,7 +192,7 @@ def decode(case, lm, sampling, store, heads, sim=None, tokens=TOKENS, extra_read
         rec = generate(Target(lm.model), drafter, prompt(lm), max_new_tokens=tokens, sampling=sampling,
                        eos_token_ids=(), generator=gen, planner=budget)
     if watch is not None:
-        watch.counts, watch.limits = counts, ceilings(cls, drafter.config, rec, not sampling.greedy)
+        watch.counts, watch.limits = counts, ceilings(cls, drafter.config, rec)
     return rec, watch
 
 
