@@ -192,12 +192,40 @@ class SAMDecoding(ScopedMemory, Drafter):
         return perf_counter() - t0
 
     def propose(self, state: DecodeState) -> Draft | None:
+        return self.propose_rows([self], [state])[0]
+
+    @classmethod
+    def drafts_batch_at_once(cls, config: SAMDecodingConfig) -> bool:
+        return config.auxiliary == "eagle"  # the heads' levels, shared; a recycler reads for each row
+
+    @staticmethod
+    def propose_rows(drafters: list[SAMDecoding], states: list[DecodeState]) -> list[Draft | None]:
+        """Each row's draft: from its automata when a match is long enough, else from its auxiliary drafter; rows
+        that fall back on an EAGLE head (SAM-Decoding[EAGLE2]) draft together, one head forward per tree level
+        for all of them (:meth:`HeadDrafter.propose_rows`)."""
+        out: list[Draft | None] = []
+        heads = []  # (row, its lookup seconds) of the rows its head drafts for
+        for i, (d, state) in enumerate(zip(drafters, states, strict=True)):
+            draft, lookup, head = d._own(state)
+            out.append(draft)
+            if head:
+                heads.append((i, lookup))
+        if heads:
+            drafts = HeadDrafter.propose_rows([drafters[i].eagle for i, _ in heads], [states[i] for i, _ in heads])
+            for (i, lookup), draft in zip(heads, drafts, strict=True):
+                if draft is not None:
+                    draft.lookup_s = lookup
+                out[i] = draft
+        return out
+
+    def _own(self, state: DecodeState) -> tuple[Draft | None, float, bool]:
+        """The row's automaton draft (or recycler's), its lookup seconds, and whether its head should draft."""
         lookup = self._sync(state.tokens)
         # every forward's rows teach the recycler, a suffix-automaton step's too: under this step's root
         self.recycler.root = state.tokens[-1]
         depth = state.max_depth
         if depth < 1:
-            return None
+            return None, lookup, False
         cfg = self.config
         sam, source, length = self.dynamic, SOURCE_PROMPT, self.dynamic.match_len
         if self.static is not None and self.static.match_len - cfg.len_bias > length:
@@ -209,16 +237,15 @@ class SAMDecoding(ScopedMemory, Drafter):
                 draft.lookup_s = lookup
                 if self.eagle is not None:
                     self.eagle.catch_up(state.tokens)
-                return draft
+                return draft, lookup, False
         if cfg.auxiliary == "none":
-            return None
+            return None, lookup, False
         if self.eagle is not None:
-            draft = self.eagle.propose(state)
-        else:
-            draft = self.recycler.propose(state.tokens[-1], depth)
+            return None, lookup, True
+        draft = self.recycler.propose(state.tokens[-1], depth)
         if draft is not None:
             draft.lookup_s = lookup
-        return draft
+        return draft, lookup, False
 
     def update(self, result: VerifyResult) -> None:
         if self.eagle is not None:

@@ -37,9 +37,10 @@ def ceilings(cls: Any, config: Any, record: Any) -> list[int]:
 def batch_ceiling(cls: Any, config: Any, drafted: list[int]) -> int:
     """The most syncs one step of a batch may cost, its rows having drafted ``drafted`` guesses: one read of
     every row's verified tokens (greedy: every argmax at once; sampling: every row's walk at once), and the
-    drafting's: one row's reads for the longest draft when ``cls`` drafts the batch at once (``propose_rows``),
-    else every row's own."""
-    if getattr(cls, "propose_rows", None) is not None:
+    drafting's: one row's reads for the longest draft when ``cls`` drafts the batch at once
+    (``propose_rows``; ``drafts_batch_at_once(config)`` where that depends on the settings), else every row's own."""
+    together = getattr(cls, "drafts_batch_at_once", None)  # a class whose batch path may read per row says so
+    if (together(config) if together else getattr(cls, "propose_rows", None) is not None):
         return 1 + cls.host_reads(config, max(drafted))
     return 1 + sum(cls.host_reads(config, d) for d in drafted)
 

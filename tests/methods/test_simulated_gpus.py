@@ -439,7 +439,8 @@ def test_a_head_that_skips_steps_catches_up_and_drafts_what_it_would_have(case, 
 
 
 @pytest.mark.parametrize(("case", "temperature"), [("eagle", 0.0), ("eagle3", 0.0), ("medusa", 0.0), ("medusa", 1.0),
-                                                    ("sps", 0.0), ("sps", 1.0), ("specdec_pp", 0.0)])
+                                                    ("sam_decoding-eagle", 0.0), ("sps", 0.0), ("sps", 1.0),
+                                                    ("specdec_pp", 0.0)])
 def test_a_batch_drafts_and_accepts_with_one_read_per_level_for_every_row(case, temperature, models, store, heads,
                                                                            saved, monkeypatch):
     """A batch of 4 on 2 simulated GPUs: each batched step costs at most one read of the verified tokens (every
