@@ -105,6 +105,13 @@ def _draw(weights: torch.Tensor, u: float) -> torch.Tensor:
     return torch.searchsorted(cdf, cdf[-1:] * u)[0]
 
 
+def draw_rows(weights: torch.Tensor, us: list[float]) -> list[int]:
+    """:func:`sample` for each row of ``weights`` (``[n, V]``) with its own uniform ``us[r]`` (each as
+    :func:`_uniform` gives it), in one read: the same token each row's :func:`_draw` gives."""
+    cdf = weights.double().cumsum(-1)
+    return torch.searchsorted(cdf, cdf[:, -1:] * upload(us, cdf.device, torch.float64)[:, None])[:, 0].tolist()
+
+
 def _decide(p: torch.Tensor, xs: list[int], q: torch.Tensor | None, generator: torch.Generator | None
             ) -> tuple[int, int]:
     """One node of the sampling walk: the index in ``xs`` (its children's tokens, in priority order) of the

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from specbench.core.acceptance import SamplingParams
+from specbench.core.acceptance import SamplingParams, _uniform, draw_rows
 from specbench.core.draft import SOURCE_MODEL, DecodeState, Draft, Drafter, DrafterContext
 from specbench.core.forward import upload
 from specbench.drafting.draft_lm import DraftLM
@@ -199,9 +199,7 @@ class ModelDrafter(Drafter):
                 tokens = logits[:, : first.lm.vocab_size].argmax(-1).tolist()
             else:
                 q = first.lm.q(logits, params)
-                u = [1.0 - float(torch.rand((), dtype=torch.float64, generator=rows[j][1].generator)) for j in live]
-                cdf = q.double().cumsum(-1)
-                tokens = torch.searchsorted(cdf, cdf[:, -1:] * upload(u, cdf.device)[:, None])[:, 0].tolist()
+                tokens = draw_rows(q, [_uniform(rows[j][1].generator) for j in live])  # each row's own stream
                 for k, j in enumerate(live):
                     chains[j].q_rows.append(q[k])
             for j, token in zip(live, tokens, strict=True):

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from specbench.core.acceptance import SamplingParams, accept, accept_rows
+from specbench.core.acceptance import SamplingParams, _draw, accept, accept_rows, draw_rows
 from specbench.core.draft import Draft
 
 V = 40
@@ -96,3 +96,11 @@ def test_greedy_single_rows_and_multi_draft_q_go_one_by_one():
     greedy = SamplingParams()
     assert accept_rows(drafts, logits, greedy, [None, None]) == [accept(d, x, greedy) for d, x in
                                                                   zip(drafts, logits, strict=True)]
+
+
+def test_rows_drawn_together_take_each_uniform_at_full_precision():
+    """A uniform just past a boundary of the cumulative weights draws the token past it, alone and in a batch (a
+    uniform carried in float32 would round onto the boundary and draw the token before it)."""
+    weights = torch.tensor([[0.5, 0.5], [0.25, 0.75]])
+    us = [0.5 + 1e-9, 0.25 + 1e-9]
+    assert draw_rows(weights, us) == [int(_draw(w, u)) for w, u in zip(weights, us, strict=True)] == [1, 1]
