@@ -105,9 +105,14 @@ def _draw(weights: torch.Tensor, u: float) -> torch.Tensor:
     return torch.searchsorted(cdf, cdf[-1:] * u)[0]
 
 
-def draw_rows(weights: torch.Tensor, us: list[float]) -> list[int]:
-    """:func:`sample` for each row of ``weights`` (``[n, V]``) with its own uniform ``us[r]`` (each as
-    :func:`_uniform` gives it), in one read: the same token each row's :func:`_draw` gives."""
+def sample_rows(weights: torch.Tensor, generators: list[torch.Generator | None]) -> list[int]:
+    """:func:`sample` for each row of ``weights`` (``[n, V]``) from its own generator, in one read: the tokens
+    each row draws alone."""
+    return _draw_rows(weights, [_uniform(g) for g in generators])
+
+
+def _draw_rows(weights: torch.Tensor, us: list[float]) -> list[int]:
+    """Each row's :func:`_draw` for its uniform ``us[r]``, the uniforms kept at full precision."""
     cdf = weights.double().cumsum(-1)
     return torch.searchsorted(cdf, cdf[:, -1:] * upload(us, cdf.device, torch.float64)[:, None])[:, 0].tolist()
 

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from specbench.core.acceptance import SamplingParams, _uniform, draw_rows
+from specbench.core.acceptance import SamplingParams, sample_rows
 from specbench.core.draft import SOURCE_MODEL, DecodeState, Draft, Drafter, DrafterContext
 from specbench.core.forward import upload
 from specbench.drafting.draft_lm import DraftLM
@@ -199,7 +199,7 @@ class ModelDrafter(Drafter):
                 tokens = logits[:, : first.lm.vocab_size].argmax(-1).tolist()
             else:
                 q = first.lm.q(logits, params)
-                tokens = draw_rows(q, [_uniform(rows[j][1].generator) for j in live])  # each row's own stream
+                tokens = sample_rows(q, [rows[j][1].generator for j in live])  # each row's own stream
                 for k, j in enumerate(live):
                     chains[j].q_rows.append(q[k])
             for j, token in zip(live, tokens, strict=True):

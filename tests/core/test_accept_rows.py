@@ -7,7 +7,15 @@ import random
 import pytest
 import torch
 
-from specbench.core.acceptance import SamplingParams, _draw, accept, accept_rows, draw_rows
+from specbench.core.acceptance import (
+    SamplingParams,
+    _draw,
+    _draw_rows,
+    accept,
+    accept_rows,
+    sample,
+    sample_rows,
+)
 from specbench.core.draft import Draft
 
 V = 40
@@ -103,4 +111,8 @@ def test_rows_drawn_together_take_each_uniform_at_full_precision():
     uniform carried in float32 would round onto the boundary and draw the token before it)."""
     weights = torch.tensor([[0.5, 0.5], [0.25, 0.75]])
     us = [0.5 + 1e-9, 0.25 + 1e-9]
-    assert draw_rows(weights, us) == [int(_draw(w, u)) for w, u in zip(weights, us, strict=True)] == [1, 1]
+    assert _draw_rows(weights, us) == [int(_draw(w, u)) for w, u in zip(weights, us, strict=True)] == [1, 1]
+    logits = torch.randn(3, V)
+    gens = [torch.Generator().manual_seed(s) for s in range(3)]
+    alone = [sample(w, torch.Generator().manual_seed(s)) for s, w in enumerate(logits.softmax(-1))]
+    assert sample_rows(logits.softmax(-1), gens) == alone
