@@ -113,7 +113,7 @@ GPU_OUT    ?= gpu-check
 gpu-check: setup ## the GPU paths checked on this machine's CUDA GPU (random-weight 7B/8B shapes, stages written to GPU_OUT=gpu-check/)
 	$(PY) -m specbench.gpu_check --out $(GPU_OUT)
 
-gpu-bundle: setup ## the wheels a GPU machine without network lacks, for ./gpu_check.sh there (GPU_PY=3.12: its Python)
+gpu-bundle: setup ## the wheels a GPU machine without network lacks, for gpu_check.sh there (GPU_PY=3.12: its Python)
 	$(PY) -m specbench.cli.gpu_bundle --python $(GPU_PY) --out .gpu-bundle
 
 # A rehearsal of a lent GPU machine's software on this CPU: its Python, its transformers, none of the bundled
@@ -121,7 +121,7 @@ gpu-bundle: setup ## the wheels a GPU machine without network lacks, for ./gpu_c
 REHEARSAL_PY   ?= python3.12
 REHEARSAL_TF   ?= 5.17.0
 REHEARSAL_VENV ?= $(HOME)/.cache/specbench/gpu-rehearsal-$(REHEARSAL_TF)
-gpu-rehearsal: setup ## ./gpu_check.sh --device cpu --tiny as a lent GPU machine runs it (Python 3.12, transformers 5.17, offline): reports/gpu-rehearsal/
+gpu-rehearsal: setup ## bash gpu_check.sh --device cpu --tiny as a lent GPU machine runs it (Python 3.12, transformers 5.17, offline): reports/gpu-rehearsal/
 	@$(REHEARSAL_PY) -c "import sys" 2>/dev/null || { echo "gpu-rehearsal needs $(REHEARSAL_PY), the GPU machine's Python (or REHEARSAL_PY=python3.x)"; exit 2; }
 	test -x $(REHEARSAL_VENV)/bin/python || { $(REHEARSAL_PY) -m venv $(REHEARSAL_VENV) && \
 	  $(REHEARSAL_VENV)/bin/pip install -q --disable-pip-version-check "$(TORCH_SPEC)" "transformers==$(REHEARSAL_TF)" \

@@ -52,6 +52,11 @@ def render(result: dict, environment: str) -> str:
         lines += ["", f"cost curve, {model} (t(q) per verification, forward and compaction):", curve.table()]
     if result.get("stages"):
         lines += ["", "stages: " + ", ".join(f"{st.name} {st.seconds:.0f} s" for st in result["stages"])]
+        lines += [f"{st.name}, seconds per check: " + ", ".join(f"{c} {t:.1f}" for c, t in st.timings.items())
+                  for st in result["stages"] if st.timings]
+    if result.get("skipped"):
+        names = " ".join(st.name for st in result["skipped"])
+        lines += ["", f"not run before the deadline: {names} (run them next: `bash gpu_check.sh --stages {names}`)"]
     return "\n".join(lines)
 
 
@@ -63,6 +68,7 @@ def _as_result(stages: list[Stage]) -> dict:
 
 def _stage_json(stage: Stage, environment: str) -> dict:
     return {"stage": stage.name, "environment": environment, "seconds": round(stage.seconds, 1),
+            "seconds_per_check": {c: round(t, 1) for c, t in stage.timings.items()},
             "checks": [dict(zip(("check", "model", "dtype", "ok", "detail"), r, strict=True)) for r in stage.rows],
             "speed": stage.speed, "curves": {k: c.table() for k, c in stage.curves.items()}}
 
@@ -82,6 +88,8 @@ class Writer:
             return
         _write(self.out / f"{stage.name}.md", render(_as_result([stage]), self.environment))
         _write(self.out / f"{stage.name}.json", json.dumps(_stage_json(stage, self.environment), indent=1))
+        for method, table in stage.profiles.items():
+            _write(self.out / f"profile-{stage.model}-{method}.txt", table)
         _write(self.out / "gpu-check.md", render(_as_result(self.done), self.environment))
         _write(self.out / "gpu-check.json", json.dumps([_stage_json(st, self.environment) for st in self.done],
                                                        indent=1))
@@ -104,13 +112,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--list-stages", action="store_true", help="print the stages and exit")
     ap.add_argument("--layers", type=int, default=4, help="layers of the correctness models (full width)")
     ap.add_argument("--speed-layers", type=int, default=32, help="layers of the speed models")
-    ap.add_argument("--tokens", type=int, default=32, help="new tokens per prompt in the method checks")
-    ap.add_argument("--speed-tokens", type=int, default=48, help="new tokens per prompt in the speed table")
+    ap.add_argument("--tokens", type=int, default=16, help="new tokens per prompt in the method checks")
+    ap.add_argument("--speed-tokens", type=int, default=32, help="new tokens per prompt in the speed table")
     ap.add_argument("--long-context", type=int, default=LONG_CONTEXT, help="tokens of the long prompt's checks")
     ap.add_argument("--models", nargs="+", choices=tuple(SHAPES), help="only these shapes (default: both)")
     ap.add_argument("--dtypes", nargs="+", choices=tuple(DTYPES), help="only these dtypes (default: all three)")
     ap.add_argument("--methods", nargs="+", choices=method_names(),
                     help="only these methods beside the baseline (default: every one)")
+    ap.add_argument("--deadline", type=float, default=0, metavar="SECONDS",
+                    help="start no stage expected to end after this many seconds; name the skipped ones (0: none)")
+    ap.add_argument("--profile", nargs="+", default=(), choices=method_names(), metavar="METHOD",
+                    help="the speed stage also writes torch.profiler's table of these methods' decode "
+                         "(profile-<model>-<method>.txt in --out)")
     args = ap.parse_args(argv)
     models = tuple(args.models) if args.models else None
     dtypes = tuple(args.dtypes) if args.dtypes else None
@@ -136,11 +149,13 @@ def main(argv: list[str] | None = None) -> None:
                         new_tokens=args.tokens, speed_tokens=args.speed_tokens, long_context=args.long_context,
                         models=models, dtypes=dtypes, methods=tuple(args.methods) if args.methods else None,
                         stages=tuple(args.stages) if args.stages else None, on_stage=writer,
+                        deadline=args.deadline or None, profiles=tuple(args.profile),
                         progress=lambda s: print(f"gpu-check: {s} ({time.perf_counter() - start:.0f} s)",
                                                  file=sys.stderr, flush=True))
     print(render(result, environment))
     failed = [r for r in result["checks"] if not r[3]]
     print(f"\n{len(result['checks']) - len(failed)} of {len(result['checks'])} checks passed "
-          f"in {time.perf_counter() - start:.0f} s" + (f"; tables in {args.out}/" if args.out else ""))
+          f"in {time.perf_counter() - start:.0f} s" + (f"; tables in {args.out}/" if args.out else "")
+          + (f"; {len(result['skipped'])} stages not run before the deadline" if result["skipped"] else ""))
     if failed:
         raise SystemExit(1)

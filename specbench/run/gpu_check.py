@@ -26,7 +26,6 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +35,7 @@ from methods.registry import get_method
 from specbench.core.decode import generate
 from specbench.core.draft import Draft, Drafter
 from specbench.core.forward import Target
+from specbench.run import gpu_stages
 from specbench.run.gpu_models import (
     DTYPES,
     SHAPES,
@@ -48,7 +48,8 @@ from specbench.run.gpu_models import (
     prompts,
 )
 from specbench.run.gpu_scenarios import check_batch, check_budget_auto, check_sampling, check_split, plan_70b
-from specbench.run.gpu_speed import check_syncs, fit_layers, speed
+from specbench.run.gpu_speed import check_syncs, fit_layers, profile, speed
+from specbench.run.gpu_stages import Stage, estimate, pace
 
 __all__ = ["SHAPES", "TINY", "build", "check_compaction", "check_methods", "check_tree", "fit_layers", "prompts",
            "run_checks"]
@@ -57,7 +58,7 @@ __all__ = ["SHAPES", "TINY", "build", "check_compaction", "check_methods", "chec
 TREE_TOLERANCE = {"fp32": 1e-3, "fp16": 2e-2, "bf16": 1e-1}
 ULPS = 4  # a greedy choice within this many units of the logits' last place (in the model's dtype) is a tie
 LONG_CONTEXT = 2048
-SYNC_TOKENS = 24  # new tokens per prompt when counting host syncs (greedy and sampled, every method)
+SYNC_TOKENS = 12  # new tokens per prompt when counting host syncs (greedy and sampled, every method)
 LONG_METHODS = ("autoregressive", "spectra_core", "lookahead", "eagle", "eagle3", "medusa")  # at 2k tokens
 
 
@@ -216,14 +217,18 @@ def check_device_map(model: torch.nn.Module, dtype: str, model_name: str, texts:
 # ----------------------------------------------------------------------------- all of them
 
 
-def guarded(check: str, model_name: str, dtype: str, fn: Callable[[], Row | list[Row]]) -> list[Row]:
+def guarded(check: str, model_name: str, dtype: str, fn: Callable[[], Row | list[Row]],
+            timings: dict[str, float] | None = None) -> list[Row]:
     """``fn``'s rows, or one failed row naming the error (an out-of-memory error too): a check that crashes
-    never takes the others with it."""
+    never takes the others with it. Its seconds go to ``timings[check]``."""
+    start = time.perf_counter()
     try:
         out = fn()
     except Exception as err:  # noqa: BLE001 - reported as the check's row
         free_memory()
-        return [(check, model_name, dtype, False, f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}")]
+        out = [(check, model_name, dtype, False, f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}")]
+    if timings is not None:
+        timings[check] = timings.get(check, 0.0) + time.perf_counter() - start
     return out if isinstance(out, list) else [out]
 
 
@@ -235,82 +240,56 @@ def free_memory() -> None:
 
 
 def correctness(target: Target, dtype: str, model_name: str, texts: list[list[int]], long: list[int],
-                new_tokens: int, work: Path, only: tuple[str, ...] | None = None, heads: Path | None = None
-                ) -> list[Row]:
+                new_tokens: int, work: Path, only: tuple[str, ...] | None = None, heads: Path | None = None,
+                timings: dict[str, float] | None = None) -> list[Row]:
     """The rows of one model in one dtype: tree and compaction after a short prompt and after ``long``, every
     method (or those ``only`` names) greedy, the tree and head methods after ``long``, sampling at T = 1 (not
-    bf16), budget=auto and every method in a batch (fp32). Each check apart: one that crashes is its failed row."""
-    rows = guarded("tree", model_name, dtype, lambda: check_tree(target, dtype, model_name, texts[0]))
-    rows += guarded("compaction", model_name, dtype, lambda: check_compaction(target, dtype, model_name, texts[0]))
+    bf16), budget=auto and every method in a batch (fp32). Each check apart: one that crashes is its failed row; its
+    seconds go to ``timings``."""
+
+    def guard(check: str, fn: Callable[[], Row | list[Row]]) -> list[Row]:
+        return guarded(check, model_name, dtype, fn, timings)
+
+    rows = guard("tree", lambda: check_tree(target, dtype, model_name, texts[0]))
+    rows += guard("compaction", lambda: check_compaction(target, dtype, model_name, texts[0]))
     lc = f"{len(long)} context"
-    rows += guarded(f"tree, {lc}", model_name, dtype,
-                    lambda: check_tree(target, dtype, model_name, long, check=f"tree, {lc}"))
-    rows += guarded(f"compaction, {lc}", model_name, dtype,
-                    lambda: check_compaction(target, dtype, model_name, long, check=f"compaction, {lc}"))
-    rows += guarded("lossless" if dtype == "fp32" else "fixed point", model_name, dtype,
-                    lambda: check_methods(target, dtype, model_name, texts, new_tokens, work, only=only, heads=heads))
+    rows += guard(f"tree, {lc}", lambda: check_tree(target, dtype, model_name, long, check=f"tree, {lc}"))
+    rows += guard(f"compaction, {lc}",
+                  lambda: check_compaction(target, dtype, model_name, long, check=f"compaction, {lc}"))
+    rows += guard("lossless" if dtype == "fp32" else "fixed point",
+                  lambda: check_methods(target, dtype, model_name, texts, new_tokens, work, only=only, heads=heads))
     long_only = LONG_METHODS if only is None else tuple(m for m in LONG_METHODS if m in only)
-    rows += guarded(f"methods, {lc}", model_name, dtype,
-                    lambda: check_methods(target, dtype, model_name, [long], new_tokens // 2, work / "long",
-                                          only=long_only, context=f", {lc}", heads=heads))
+    rows += guard(f"methods, {lc}", lambda: check_methods(target, dtype, model_name, [long], new_tokens // 2,
+                                                          work / "long", only=long_only, context=f", {lc}",
+                                                          heads=heads))
     if dtype != "bf16":
-        rows += guarded("sampling T = 1", model_name, dtype,
-                        lambda: check_sampling(target, dtype, model_name, texts, new_tokens, work / "sampling",
-                                               only=only, heads=heads))
+        rows += guard("sampling T = 1",
+                      lambda: check_sampling(target, dtype, model_name, texts, new_tokens, work / "sampling",
+                                             only=only, heads=heads))
     if dtype == "fp32":
         expected = [generate(target, Drafter(vocab_size=0), p, max_new_tokens=new_tokens).output_ids for p in texts]
-        rows += guarded("budget=auto", model_name, dtype,
-                        lambda: check_budget_auto(target, dtype, model_name, texts, new_tokens, work / "auto", expected,
-                                                  only=only, heads=heads))
-        rows += guarded("batch of 2", model_name, dtype,
-                        lambda: check_batch(target, dtype, model_name, texts, new_tokens, work / "batch", expected,
-                                            only=only, heads=heads))
+        rows += guard("budget=auto",
+                      lambda: check_budget_auto(target, dtype, model_name, texts, new_tokens, work / "auto", expected,
+                                                only=only, heads=heads))
+        rows += guard("batch of 2",
+                      lambda: check_batch(target, dtype, model_name, texts, new_tokens, work / "batch", expected,
+                                          only=only, heads=heads))
     return rows
-
-
-@dataclass
-class Stage:
-    """One part of the check that runs and is written on its own: ``plan`` (the 70B placement, on ``meta``),
-    ``sdpa`` (the tree mask under each attention backend), ``<model>-<dtype>`` (correctness in fp32, fp16 or
-    bf16) or ``<model>-speed`` (the cost curve, the speed table, host syncs per step against each method's
-    ceiling)."""
-
-    model: str
-    kind: str
-    rows: list[Row] = field(default_factory=list)
-    speed: list[dict[str, Any]] = field(default_factory=list)
-    curves: dict[str, Any] = field(default_factory=dict)
-    seconds: float = 0.0
-
-    @property
-    def name(self) -> str:
-        return self.kind if self.model == "" else f"{self.model}-{self.kind}"
-
-    def matches(self, selector: str) -> bool:
-        return selector in (self.name, self.model, self.kind)
 
 
 def plan_stages(tiny: bool = False, models: tuple[str, ...] | None = None,
                 dtypes: tuple[str, ...] | None = None, stages: tuple[str, ...] | None = None) -> list[Stage]:
-    """The stages in the order they run, those ``stages`` selects (a stage's name, a model's or a kind's: ``plan``,
-    ``llama3-8b``, ``fp16``, ``speed`` …), or every one; an unknown selector is refused in one line."""
+    """The stages of these shapes in the order they run (:func:`specbench.run.gpu_stages.plan_stages`)."""
     shapes = [k for k in (TINY if tiny else SHAPES) if models is None or k in models]
-    every = [Stage("", "plan"), Stage("", "sdpa")]
-    for model in shapes:
-        every += [Stage(model, d) for d in DTYPES if dtypes is None or d in dtypes] + [Stage(model, "speed")]
-    if not stages:
-        return every
-    for sel in stages:
-        if not any(st.matches(sel) for st in every):
-            names = sorted({st.name for st in every} | {st.model for st in every if st.model} | set(DTYPES) | {"speed"})
-            raise ValueError(f"no gpu-check stage '{sel}': choose among {', '.join(names)}")
-    return [st for st in every if any(st.matches(sel) for sel in stages)]
+    return gpu_stages.plan_stages(shapes, dtypes, stages)
 
 
 def run_stage(stage: Stage, device: str, work: Path, heads: Path, *, tiny: bool = False, layers: int = 4,
               speed_layers: int = 32, new_tokens: int = 48, speed_tokens: int = 64, long_context: int = LONG_CONTEXT,
-              methods: tuple[str, ...] | None = None, progress: Callable[[str], None] = lambda s: None) -> Stage:
-    """Run ``stage`` (its rows, speed table and curves filled in); any error is a failed row of the stage."""
+              methods: tuple[str, ...] | None = None, profiles: tuple[str, ...] = (),
+              progress: Callable[[str], None] = lambda s: None) -> Stage:
+    """Run ``stage`` (its rows, speed table, curves and timings filled in); any error is a failed row of the stage.
+    ``profiles``: the methods whose decode the speed stage profiles."""
     start = time.perf_counter()
     only = None if methods is None else ("autoregressive", *methods)
     shapes = TINY if tiny else SHAPES
@@ -329,13 +308,13 @@ def run_stage(stage: Stage, device: str, work: Path, heads: Path, *, tiny: bool 
             target = Target(model)
             work.mkdir(parents=True, exist_ok=True)
             stage.rows += correctness(target, stage.kind, stage.model, texts, long, new_tokens, work, only=only,
-                                      heads=heads)
+                                      heads=heads, timings=stage.timings)
             if stage.kind == "fp16" or (tiny and stage.kind == "fp32"):
                 progress(f"stage {stage.name}: device_map")
                 stage.rows += guarded("device_map", stage.model, stage.kind, lambda: check_device_map(
-                    model, stage.kind, stage.model, texts[:1], new_tokens, work, device, heads=heads))
+                    model, stage.kind, stage.model, texts[:1], new_tokens, work, device, heads=heads), stage.timings)
         else:
-            run_speed(stage, shapes[stage.model], device, work, heads, speed_layers, speed_tokens, tiny, only)
+            run_speed(stage, shapes[stage.model], device, work, heads, speed_layers, speed_tokens, tiny, only, profiles)
     except Exception as err:  # noqa: BLE001 - building the model, say: the stage's failed row
         stage.rows.append((f"stage {stage.name}", stage.model or "—", stage.kind, False,
                            f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"))
@@ -346,9 +325,10 @@ def run_stage(stage: Stage, device: str, work: Path, heads: Path, *, tiny: bool 
 
 
 def run_speed(stage: Stage, shape: dict, device: str, work: Path, heads: Path, speed_layers: int,
-              speed_tokens: int, tiny: bool, only: tuple[str, ...] | None) -> None:
-    """The speed stage: a model of as many layers as fit, its cost curve, the per-method table and the host
-    syncs per step of every method, greedy and sampling, against its ceiling."""
+              speed_tokens: int, tiny: bool, only: tuple[str, ...] | None, profiles: tuple[str, ...] = ()) -> None:
+    """The speed stage: a model of as many layers as fit, its cost curve, the per-method table, the host syncs per
+    step of every method, greedy and sampling, against its ceiling, and torch.profiler's table of the methods
+    ``profiles`` names."""
     half = torch.float16 if device == "cuda" else torch.float32
     free = torch.cuda.mem_get_info()[0] if device == "cuda" else None
     n = fit_layers(shape, speed_layers, 2 if device == "cuda" else 4, free)
@@ -359,9 +339,18 @@ def run_speed(stage: Stage, shape: dict, device: str, work: Path, heads: Path, s
     dtype = "fp16" if half == torch.float16 else "fp32"
     stage.curves[stage.model], table = speed(target, stage.model, texts, speed_tokens, work, cost_qs=qs, only=only,
                                              heads=heads)
-    stage.speed += [{**r, "layers": n} for r in table]
-    stage.rows += guarded("host syncs", stage.model, dtype, lambda: check_syncs(  # counts: fewer tokens do
-        target, dtype, stage.model, texts, min(speed_tokens, SYNC_TOKENS), work / "syncs", only=only, heads=heads))
+    per_step: dict[str, float] = {}
+
+    def syncs() -> list[Row]:  # counts: fewer tokens do
+        rows, counted = check_syncs(target, dtype, stage.model, texts, min(speed_tokens, SYNC_TOKENS), work / "syncs",
+                                    only=only, heads=heads)
+        per_step.update(counted)
+        return rows
+
+    stage.rows += guarded("host syncs", stage.model, dtype, syncs, stage.timings)
+    stage.speed += [{**r, "layers": n, "syncs": per_step.get(r["method"].split(" ")[0], r["syncs"])} for r in table]
+    for method in profiles:
+        stage.profiles[method] = profile(target, texts, speed_tokens, work / "profile", method, heads=heads)
     if target.model.config._attn_implementation != "sdpa":  # grouped-query: also K/V repeated per head
         from specbench.budget.costs import QS, measure
 
@@ -373,26 +362,39 @@ def run_speed(stage: Stage, shape: dict, device: str, work: Path, heads: Path, s
 def run_checks(device: str, *, tiny: bool = False, layers: int = 4, speed_layers: int = 32, new_tokens: int = 48,
                speed_tokens: int = 64, long_context: int = LONG_CONTEXT, models: tuple[str, ...] | None = None,
                dtypes: tuple[str, ...] | None = None, methods: tuple[str, ...] | None = None,
-               stages: tuple[str, ...] | None = None, progress: Callable[[str], None] = lambda s: None,
+               stages: tuple[str, ...] | None = None, deadline: float | None = None, profiles: tuple[str, ...] = (),
+               progress: Callable[[str], None] = lambda s: None,
                on_stage: Callable[[Stage], None] = lambda st: None) -> dict[str, Any]:
     """Every stage (or those ``stages`` selects) on ``device``, each handed to ``on_stage`` as it finishes;
     ``tiny`` uses :data:`TINY` shapes (the CPU self-test); ``long_context``: the tokens of the long prompt;
     ``models``, ``dtypes`` and ``methods``: some of them (all when None; the baseline always runs). A model's
-    random heads are written once, in fp16, shared by its stages and deleted after its last one."""
+    random heads are written once, in fp16, shared by its stages and deleted after its last one. ``deadline``:
+    seconds from the start after which no stage may be expected to end; a stage that would is skipped (and
+    named in ``skipped``), a shorter one after it may still run. ``profiles``: methods the speed stage profiles."""
     plan = plan_stages(tiny, models, dtypes, stages)
+    sync_tokens = min(speed_tokens, SYNC_TOKENS)
+    expected = {st.name: estimate(st, new_tokens, speed_tokens, sync_tokens) for st in plan}
     done: list[Stage] = []
+    start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="specbench-gpu-check-") as tmp:
         for i, stage in enumerate(plan):
             heads = Path(tmp) / f"{stage.model or 'shared'}-heads"
-            run_stage(stage, device, Path(tmp) / stage.name, heads, tiny=tiny, layers=layers,
-                      speed_layers=speed_layers, new_tokens=new_tokens, speed_tokens=speed_tokens,
-                      long_context=long_context, methods=methods, progress=progress)
+            ends = time.perf_counter() - start + expected[stage.name] * pace(done, expected)
+            if deadline is not None and ends > deadline:
+                stage.skipped = f"expected to end at {ends:.0f} s, after the deadline ({deadline:.0f} s)"
+                progress(f"stage {stage.name} not run: {stage.skipped}")
+            else:
+                run_stage(stage, device, Path(tmp) / stage.name, heads, tiny=tiny, layers=layers,
+                          speed_layers=speed_layers, new_tokens=new_tokens, speed_tokens=speed_tokens,
+                          long_context=long_context, methods=methods, profiles=profiles, progress=progress)
             shutil.rmtree(Path(tmp) / stage.name, ignore_errors=True)
             if all(later.model != stage.model for later in plan[i + 1 :]):
                 shutil.rmtree(heads, ignore_errors=True)
             done.append(stage)
-            on_stage(stage)
-    rows = [r for st in done for r in st.rows]
-    return {"checks": rows, "speed": [r for st in done for r in st.speed],
-            "curves": {k: v for st in done for k, v in st.curves.items()}, "ok": all(r[3] for r in rows),
-            "stages": done}
+            if not stage.skipped:
+                on_stage(stage)
+    ran = [st for st in done if not st.skipped]
+    rows = [r for st in ran for r in st.rows]
+    return {"checks": rows, "speed": [r for st in ran for r in st.speed],
+            "curves": {k: v for st in ran for k, v in st.curves.items()}, "ok": all(r[3] for r in rows),
+            "stages": ran, "skipped": [st for st in done if st.skipped]}

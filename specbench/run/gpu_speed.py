@@ -19,34 +19,56 @@ from specbench.run.syncs import ceilings, judge, step_syncs
 
 def speed(target: Target, model_name: str, texts: list[list[int]], new_tokens: int, workdir: Path,
           cost_qs=None, only: tuple[str, ...] | None = None, heads: Path | None = None) -> tuple[Any, list[dict[str, Any]]]:
-    """The cost curve and, per method (or those ``only`` names), τ, draft and forward ms per step, host syncs per
-    step, peak memory."""
+    """The cost curve and, per method (or those ``only`` names), τ, draft and forward ms per step and peak memory,
+    timed with nothing else on (host syncs are counted apart, in :func:`check_syncs`). The baseline is timed
+    first and again last: the two differ by the machine's drift over the table."""
     from specbench.budget.costs import QS, measure
 
     vocab = target.model.config.vocab_size
     curve = measure(target, vocab, qs=cost_qs or QS, context_length=target.model.config.max_position_embeddings)
+    makers = drafters(target, vocab, workdir, texts, only=only, heads=heads)
+    order = ["autoregressive", *[n for n in makers if n != "autoregressive"], "autoregressive"]
     rows = []
-    for name, make in drafters(target, vocab, workdir, texts, only=only, heads=heads).items():
+    for i, name in enumerate(order):
+        make = makers[name]
         generate(target, make(), texts[0], max_new_tokens=8)  # warm-up
         target.reset_peak_memory()
         steps = tokens = 0
         draft_s = forward_s = 0.0
-        counts: list[int] = []
         for prompt in texts:
-            drafter = make()
-            with step_syncs(drafter) as each:
-                rec = generate(target, drafter, prompt, max_new_tokens=new_tokens)
-            counts += each
+            rec = generate(target, make(), prompt, max_new_tokens=new_tokens)
             steps += rec.steps
             tokens += rec.new_tokens
             draft_s += sum(rec.step_draft_s[1:])
             forward_s += sum(rec.step_times[1:]) - sum(rec.step_draft_s[1:])
         decode_steps = max(steps - len(texts), 1)
-        rows.append({"model": model_name, "method": name, "tau": tokens / steps,
-                     "draft_ms": 1000 * draft_s / decode_steps, "forward_ms": 1000 * forward_s / decode_steps,
-                     "syncs": sum(counts) / decode_steps if torch.cuda.is_available() else float("nan"),
+        rows.append({"model": model_name, "method": name + (" (again, last)" if i == len(order) - 1 else ""),
+                     "tau": tokens / steps, "draft_ms": 1000 * draft_s / decode_steps,
+                     "forward_ms": 1000 * forward_s / decode_steps, "syncs": float("nan"),
                      "peak_gb": target.peak_memory_gb()})
     return curve, rows
+
+
+def profile(target: Target, texts: list[list[int]], new_tokens: int, workdir: Path, method: str,
+            heads: Path | None = None, top: int = 30) -> str:
+    """torch.profiler's table of one method's decode of the first prompt (after a warm-up): the ``top`` operators
+    by their own host time, and by their own device time where there is a GPU."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    make = drafters(target, target.model.config.vocab_size, workdir, texts, only=(method,), heads=heads)[method]
+    generate(target, make(), texts[0], max_new_tokens=8)
+    cuda = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with torch_profile(activities=activities) as prof:
+        rec = generate(target, make(), texts[0], max_new_tokens=new_tokens)
+    stats = prof.key_averages()
+    parts = [f"{method}: {rec.steps} steps, {rec.new_tokens} tokens, {1000 * sum(rec.step_times) / rec.steps:.1f} ms "
+             f"a step ({1000 * sum(rec.step_draft_s) / rec.steps:.1f} drafting)",
+             stats.table(sort_by="self_cpu_time_total", row_limit=top)]
+    if cuda:
+        parts.append(stats.table(sort_by="self_cuda_time_total", row_limit=top))
+    return "\n\n".join(parts)
 
 
 def fit_layers(shape: dict, layers: int, bytes_per_param: int, free_bytes: int | None) -> int:
@@ -61,18 +83,20 @@ def fit_layers(shape: dict, layers: int, bytes_per_param: int, free_bytes: int |
 
 
 def check_syncs(target: Target, dtype: str, model_name: str, texts: list[list[int]], new_tokens: int, workdir: Path,
-                only: tuple[str, ...] | None = None, heads: Path | None = None) -> list[Row]:
+                only: tuple[str, ...] | None = None, heads: Path | None = None
+                ) -> tuple[list[Row], dict[str, float]]:
     """Every method (or those ``only`` names), greedy and at T = 1: each decode step's host syncs, counted from
-    torch's sync debug mode, within [1, its ceiling] (:func:`specbench.run.syncs.ceilings`). Off CUDA nothing
-    is counted and the rows say so."""
+    torch's sync debug mode, within [1, its ceiling] (:func:`specbench.run.syncs.ceilings`); and each method's
+    greedy syncs per step. Off CUDA nothing is counted and the rows say so."""
     if not torch.cuda.is_available():
-        return [("host syncs", model_name, dtype, True, "not counted: no CUDA device")]
-    rows = []
+        return [("host syncs", model_name, dtype, True, "not counted: no CUDA device")], {}
+    rows, per_step = [], {}
     for sampling in (SamplingParams(), SamplingParams(temperature=1.0)):
         bad, seen, ran = [], [], 0
         for name, make in drafters(target, target.model.config.vocab_size, workdir, texts, only=only,
                                    sampling=sampling, heads=heads).items():
             gen = torch.Generator().manual_seed(0)
+            mine: list[int] = []
             try:
                 for prompt in texts:
                     drafter = make()
@@ -83,12 +107,15 @@ def check_syncs(target: Target, dtype: str, model_name: str, texts: list[list[in
                     if not ok:
                         bad.append(f"{name} {detail}")
                         break
-                    seen += counts
+                    mine += counts
+                seen += mine
                 ran += 1
+                if sampling.greedy and mine:
+                    per_step[name] = sum(mine) / len(mine)
             except Exception as err:  # noqa: BLE001 - that method's failure; the others still run
                 bad.append(f"{name} ({type(err).__name__}: {str(err)[:80]})")
         label = "host syncs, " + ("greedy" if sampling.greedy else "T = 1")
         detail = (f"{ran} methods, {min(seen)}–{max(seen)} a step, each within its ceiling" if not bad and seen
                   else "; ".join(bad) or "no step counted")
         rows.append((label, model_name, dtype, not bad and bool(seen), detail))
-    return rows
+    return rows, per_step

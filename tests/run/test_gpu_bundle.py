@@ -71,3 +71,9 @@ def test_gpu_check_sh_without_its_bundle_says_what_to_run(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert run.returncode != 0 and "make gpu-bundle GPU_PY=" in run.stderr
     assert run.stderr.strip().count("\n") == 0, run.stderr
+
+
+def test_gpu_check_sh_is_executable_in_a_clone():
+    """`./gpu_check.sh` as the docs write it: git records the script with its executable bit."""
+    mode = subprocess.run(["git", "ls-files", "-s", "gpu_check.sh"], cwd=ROOT, capture_output=True, text=True)
+    assert mode.stdout.startswith("100755 "), mode.stdout

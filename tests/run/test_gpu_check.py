@@ -200,7 +200,7 @@ def test_every_check_passes_on_a_simulated_gpu():
     syncs = [r for r in result["checks"] if r[0].startswith("host syncs")]
     assert all(f"{len(SIM_METHODS) + 1} methods" in r[4] for r in syncs), syncs  # every method counted, both ways
     assert all(r["syncs"] >= 1 for r in result["speed"])  # counted from the sync debug mode's warnings
-    assert {r["method"] for r in result["speed"]} == {"autoregressive", *SIM_METHODS}
+    assert {r["method"] for r in result["speed"]} == {"autoregressive", *SIM_METHODS, "autoregressive (again, last)"}
     assert "llama3-8b, K/V repeated (hardware.gqa=repeat)" in result["curves"]
 
 
@@ -255,3 +255,44 @@ def test_random_heads_are_written_once_per_shape_in_fp16_and_reused(small, tmp_p
         with safe_open(str(path), "pt") as f:
             assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.float16}
     assert first["eagle"]().head.c.kind == "eagle"
+
+
+def test_stages_run_kind_by_kind_over_both_shapes_and_a_deadline_skips_what_would_end_after_it(
+        tmp_path, monkeypatch, capsys):
+    """fp32 on both shapes before any fp16; a stage expected to end after the deadline is not started and is
+    named with the command that runs it, a shorter one after it still runs; each check's seconds are kept."""
+    import json
+
+    from specbench.run import gpu_stages
+
+    order = [st.name for st in gpu_check.plan_stages(tiny=True)]
+    assert order[:4] == ["plan", "sdpa", "llama2-7b-fp32", "llama3-8b-fp32"] and order[-1] == "llama3-8b-speed"
+    monkeypatch.setitem(gpu_stages.H100_SECONDS, "fp16", 1e9)  # fp16 would never end in time
+    cli.main(["--device", "cpu", "--tiny", "--layers", "2", "--tokens", "4", "--long-context", "64",
+              "--models", "llama3-8b", "--methods", "pld", "--stages", "fp32", "fp16", "bf16",
+              "--deadline", "300", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "not run before the deadline: llama3-8b-fp16 (run them next: `bash gpu_check.sh --stages llama3-8b-fp16`)" \
+        in out and "1 stages not run before the deadline" in out
+    assert not (tmp_path / "llama3-8b-fp16.json").exists() and (tmp_path / "llama3-8b-bf16.json").exists()
+    fp32 = json.loads((tmp_path / "llama3-8b-fp32.json").read_text())
+    assert {"lossless", "budget=auto", "batch of 2", "device_map"} <= set(fp32["seconds_per_check"])
+
+
+def test_a_stages_estimate_scales_with_its_tokens_and_the_pace_of_the_stages_before_it():
+    from specbench.run.gpu_stages import FIXED, H100_SECONDS, Stage, estimate, pace
+
+    fp16 = Stage("llama2-7b", "fp16")
+    assert estimate(fp16, 32, 24, 24) == pytest.approx(H100_SECONDS["fp16"])
+    half = estimate(fp16, 16, 24, 24)
+    assert half == pytest.approx(FIXED["fp16"] + (H100_SECONDS["fp16"] - FIXED["fp16"]) / 2)
+    assert estimate(Stage("llama3-8b", "fp16"), 16, 24, 24) > half
+    done = Stage("llama2-7b", "fp32", seconds=30.0)
+    assert pace([], {}) == 1.0 and pace([done], {"llama2-7b-fp32": 60.0}) == pytest.approx(0.5)
+
+
+def test_the_speed_stage_profiles_the_methods_it_is_asked_to(tmp_path, capsys):
+    cli.main(["--device", "cpu", "--tiny", "--speed-layers", "2", "--speed-tokens", "4", "--models", "llama3-8b",
+              "--methods", "pld", "--stages", "llama3-8b-speed", "--profile", "pld", "--out", str(tmp_path)])
+    table = (tmp_path / "profile-llama3-8b-pld.txt").read_text()
+    assert table.startswith("pld: ") and "aten::" in table and "Self CPU" in table
