@@ -5,6 +5,7 @@ step's syncs against its method's ceiling, greedy and at T = 1."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,9 @@ def speed(target: Target, model_name: str, texts: list[list[int]], new_tokens: i
     from specbench.budget.costs import QS, measure
 
     vocab = target.model.config.vocab_size
+    makers = drafters(target, vocab, workdir, texts, only=only, heads=heads)  # writes the random heads (GBs) ...
+    os.sync()  # ... and flushes them, so that no disk writeback competes with the timing below
     curve = measure(target, vocab, qs=cost_qs or QS, context_length=target.model.config.max_position_embeddings)
-    makers = drafters(target, vocab, workdir, texts, only=only, heads=heads)
     order = ["autoregressive", *[n for n in makers if n != "autoregressive"], "autoregressive"]
     rows = []
     for i, name in enumerate(order):
