@@ -87,6 +87,36 @@ def block_layout(draft: Draft) -> tuple[np.ndarray, np.ndarray]:
     return vis, offsets
 
 
+class LayerInputs:
+    """The inputs of the decoder layers a drafter reads (``hidden_states[i]`` is layer i's input), caught by a
+    pre-hook on each of those layers alone, installed once per model and idle unless a forward asks.
+    transformers' ``output_hidden_states`` instead hooks every layer, and once asked keeps those hooks on every
+    later forward of the model (autoregressive decoding's too)."""
+
+    def __init__(self, layers: torch.nn.ModuleList) -> None:
+        self.layers, self.hooked, self.wanted = layers, set(), frozenset()
+        self.caught: dict[int, torch.Tensor] = {}
+
+    @classmethod
+    def of(cls, base: torch.nn.Module) -> LayerInputs | None:
+        if not isinstance(getattr(base, "layers", None), torch.nn.ModuleList):
+            return None
+        if not isinstance(getattr(base, "_specbench_layer_inputs", None), cls):
+            base._specbench_layer_inputs = cls(base.layers)
+        return base._specbench_layer_inputs
+
+    def arm(self, indices: frozenset[int]) -> None:
+        for i in indices - self.hooked:
+            self.layers[i].register_forward_pre_hook(lambda m, args, kwargs, i=i: self._catch(i, args, kwargs),
+                                                     with_kwargs=True)
+            self.hooked.add(i)
+        self.wanted, self.caught = indices, {}
+
+    def _catch(self, i: int, args: tuple, kwargs: dict) -> None:
+        if i in self.wanted:
+            self.caught[i] = args[0] if args else kwargs["hidden_states"]
+
+
 class Target:
     """The target model behind the verification core: one row (:meth:`forward_draft`) or a batch."""
 
@@ -106,6 +136,8 @@ class Target:
         layers = getattr(self.base, "layers", None)
         self.layer_devices = ([runs_on(layer) for layer in layers] if layers is not None
                               else [self.device] * config.num_hidden_layers)
+        self.n_layers = len(self.layer_devices)
+        self.inputs = LayerInputs.of(self.base)
         self.dtype = next(model.parameters()).dtype
         self.cache_kwarg = cache_kwarg(self.base)
         self.is_cuda = any(d.type == "cuda" for d in self.devices)
@@ -154,19 +186,29 @@ class Target:
         # that moves every tensor argument to the first GPU and every output back there, where the final hidden
         # states (on the last GPU) cannot be indexed, and the heads that read them are not.
         cache.begin(lo, lo + ids.shape[0], ids.shape[1])
-        # hidden_states[0] is the embeddings' output, [i] layer i's input, [-1] the final norm's output: the
-        # last alone is the output itself (asking for every layer's costs hooks on each layer, every step)
-        every = any(layer != -1 for layer in features)
-        out = self.base(
-            input_ids=ids,
-            position_ids=positions,
-            attention_mask=mask,
-            **{self.cache_kwarg: cache},
-            use_cache=True,
-            output_hidden_states=every,
-        )
+        # hidden_states[0] is the embeddings' output, [i] layer i's input, [-1] (or [n_layers]) the final norm's
+        # output: that one is the output itself; the others come from pre-hooks on their layers alone
+        wanted = {layer: layer % (self.n_layers + 1) for layer in features}
+        inner = frozenset(i for i in wanted.values() if i < self.n_layers)
+        every = bool(inner) and self.inputs is None
+        if self.inputs is not None:
+            self.inputs.arm(inner)
+        try:
+            out = self.base(
+                input_ids=ids,
+                position_ids=positions,
+                attention_mask=mask,
+                **{self.cache_kwarg: cache},
+                use_cache=True,
+                output_hidden_states=every,
+            )
+        finally:
+            caught = self.inputs.caught if self.inputs is not None else {}
+            if self.inputs is not None:
+                self.inputs.arm(frozenset())
         last = out.last_hidden_state
-        self.features = {layer: out.hidden_states[layer] if every else last for layer in features}
+        self.features = {layer: last if i == self.n_layers else out.hidden_states[i] if every else caught[i]
+                         for layer, i in wanted.items()}
         hidden = last.flatten(0, 1)
         if isinstance(keep, torch.Tensor):
             hidden = hidden.index_select(0, keep)

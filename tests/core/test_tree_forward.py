@@ -5,6 +5,8 @@ prompts cross it) are built from configs; every tree is checked against
 running each branch on its own.
 """
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -279,3 +281,28 @@ def test_a_model_that_takes_its_cache_as_past_key_values_decodes_as_one_that_tak
         outputs.append([generate(target, d, prompt, max_new_tokens=12).output_ids
                         for d in (Drafter(vocab_size=VOCAB), get_method("spectra_core")(vocab_size=VOCAB))])
     assert outputs[0] == outputs[1] and outputs[0][0] == outputs[0][1]
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma3"])
+def test_features_are_the_models_hidden_states_caught_on_the_layers_asked_for_alone(kind):
+    """A drafter's features equal ``output_hidden_states``' (every index, -1 the final norm's output), from a
+    tree forward too; only the layers asked for are hooked, and transformers' hooks on every layer never are."""
+    model = build(kind).eval()
+    n = model.config.num_hidden_layers
+    prompt = [3, 9, 4, 17, 5, 11]
+    with torch.no_grad():  # on a copy: asking for hidden states hooks every layer of the model asked
+        ref = copy.deepcopy(model).base_model(input_ids=torch.tensor([prompt]), output_hidden_states=True).hidden_states
+    target = Target(model)
+    cache = target.new_cache()
+    every = tuple(range(n + 1)) + (-1,)
+    target.prefill(prompt[:-1], cache, features=every)
+    draft = Draft(tokens=[prompt[-1] + 1, 7], parents=[-1, -1], sources=["t", "t"])
+    target.forward_draft(prompt[-1], draft, cache, features=every)  # a tree: root, then two siblings
+    for layer in every:
+        torch.testing.assert_close(target.features[layer][0], ref[layer][0, -1], atol=1e-5, rtol=1e-5)
+    layers = model.base_model.layers
+    assert [len(layer._forward_pre_hooks) for layer in layers] == [1] * n  # 0 … n-1, each hooked once
+    assert not any(getattr(m, "_output_capturing_hooks_installed", False) for m in (model, model.base_model))
+    other = Target(model)  # another Target over the same model shares the hooks
+    other.forward_draft(prompt[-1], draft, other.new_cache(), features=(1,))
+    assert [len(layer._forward_pre_hooks) for layer in layers] == [1] * n and set(other.features) == {1}
