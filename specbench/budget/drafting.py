@@ -34,10 +34,21 @@ class DraftingCost:
         self._xx, self._xy = np.zeros((4, 4)), np.zeros(4)  # weighted means of x xᵀ and x·s, x = (1, d, d·w, p)
         self.coef = np.zeros(4)
 
+    @property
+    def coef(self) -> np.ndarray:
+        return self._coef
+
+    @coef.setter
+    def coef(self, value) -> None:
+        self._coef = np.asarray(value, dtype=float)
+        self._terms = tuple(float(x) for x in self._coef)  # what a step's pricing reads: plain floats, since the
+        # first numpy call after a forward takes ~50 µs on a CPU (caches cold), plain arithmetic ~10
+
     def __call__(self, depth: int, width: int | None = None, behind: int = 0) -> float:
         if depth <= 0:
             return self.stopped
-        return max(float(self.coef @ (1.0, depth, depth * (width or 0), behind)), 0.0)
+        a, b, c, e = self._terms
+        return max(a + b * depth + c * depth * (width or 0) + e * behind, 0.0)
 
     def observe(self, depth: int, width: int | None, seconds: float, behind: int = 0) -> None:
         """A step drafted to ``depth`` at top-k ``width`` (0 or None: none) in ``seconds`` (depth 0: stopped), with
@@ -70,7 +81,9 @@ class DraftingCost:
     def from_dict(cls, d: dict[str, Any], frozen: bool = False) -> DraftingCost:
         out = cls(frozen)
         n = len(out.coef)  # tables stored before p was a column have three: p's are zeros
-        out.coef[:len(d["coef"])], out.stopped = d["coef"], float(d["stopped"])
+        coef = np.zeros(len(out.coef))
+        coef[:len(d["coef"])], out.stopped = d["coef"], float(d["stopped"])
+        out.coef = coef
         out.points, out._stops = int(d.get("points", 0)), int(d.get("stops", 0))
         out.deepest, out.widest = int(d.get("deepest", 0)), int(d.get("widest", 0))
         xx, xy = np.array(d.get("xx", np.zeros((n, n)))), np.array(d.get("xy", np.zeros(n)))

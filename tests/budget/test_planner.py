@@ -203,3 +203,18 @@ def test_acceptance_is_learned_afresh_with_each_dataset_category(tmp_path, monke
     run(make_cfg("experiment=smoke", "method=spectra_core-cpu", "dataset=mtbench", f"dataset.path={data}",
                  "limit=3", "max_new_tokens=8", "baseline=false", "progress=false", f"results_dir={tmp_path / 'r'}"))
     assert len(fresh) == 1 and fresh[0] > 0  # after the two writing questions' steps, before the math one's
+
+
+def test_the_drafting_fit_prices_by_hand_and_survives_its_stored_table():
+    """a + b·d + c·d·w + e·p from the fit, as stored and read back; a table stored before p was a column (three
+    terms) prices p at nothing; a stopped step costs the stopped seconds."""
+    cost = DraftingCost()
+    for d, w, p in ((1, 0, 0), (2, 2, 0), (4, 1, 8), (3, 3, 2), (5, 0, 1)):
+        cost.observe(d, w, 0.001 + 0.002 * d + 0.0005 * d * w + 0.0001 * p, behind=p)
+    cost.observe(0, 0, 0.0003)
+    assert cost(6, 2, 4) == pytest.approx(0.001 + 0.012 + 0.006 + 0.0004, rel=1e-6)
+    assert cost(0) == pytest.approx(0.0003)
+    back = DraftingCost.from_dict(json.loads(json.dumps(cost.to_dict())))
+    assert back(6, 2, 4) == pytest.approx(cost(6, 2, 4)) and back(0) == cost(0)
+    old = DraftingCost.from_dict({"coef": [0.001, 0.002, 0.0005], "stopped": 0.0})
+    assert old(2, 2, 100) == pytest.approx(0.001 + 0.004 + 0.002)
