@@ -120,7 +120,7 @@ class AutoBudget:
         self.options: dict[tuple[int, int, int], list[float]] = {}
         self.deepest = self.top_k = self.pool = 0  # the method's own depth, top-k and pool width, as drafted
         self.regret = self.elapsed = 0.0  # in plain steps' worth of modelled time
-        self.behind = 0  # tokens committed by plain steps since the drafter last drafted (it catches up on them)
+        self.behind = 0  # tokens the drafter has not caught up on: the prompt (start), then plain steps' tokens
         self.skipped = 0  # steps since the method's own draft
         self.explored = 0.0  # plain steps' worth the explorations lost since the rule last took its own draft
         self.why: list[str] = []  # per step (WHY)
@@ -144,6 +144,10 @@ class AutoBudget:
         self.stats.clear()
         self.options.clear()
         self.skipped, self.explored = 0, 0.0
+
+    def start(self, prompt_len: int) -> None:
+        """A generation begins: the drafter has yet to catch up on its prompt, which its first draft pays for."""
+        self.behind, self._context = prompt_len, prompt_len
 
     def allowance(self) -> float:
         return ALLOWANCE_FLOOR + ALLOWANCE_SHARE * self.elapsed

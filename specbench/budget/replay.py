@@ -60,6 +60,11 @@ class Recorder:
         self._step = {}
         return planned
 
+    def start(self, prompt_len: int) -> None:
+        begin = getattr(self.planner, "start", None)
+        if begin is not None:
+            begin(prompt_len)
+
     def record(self, draft: Draft, accepted_nodes: list[int], draft_s: float = 0.0) -> None:
         self.planner.record(draft, accepted_nodes, draft_s=draft_s)
 

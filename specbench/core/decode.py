@@ -94,6 +94,9 @@ class _Loop:
             record.arrival_s = record.started_s if request.arrival_s is None else request.arrival_s
             if layers:
                 drafter.prefilled(target.row_features[r])
+            begin = getattr(request.planner, "start", None)
+            if begin is not None:
+                begin(len(prompt))
             _, tokens = accept(_EMPTY, logits[r : r + 1], self.sampling, request.generator)
             kept = _commit(record, tokens, self.eos, request.max_new_tokens)
             record.dropped = len(tokens) - kept

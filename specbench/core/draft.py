@@ -264,8 +264,8 @@ class DecodeState:
 
 
 class Planner(Protocol):
-    """What the decode loop asks of a draft planner (``budget=auto``): trim each draft to what pays, learn
-    from what verification accepted, and close the generation. The loop never imports a planner."""
+    """What the decode loop asks of a draft planner (``budget=auto``): trim each draft to what pays, learn from
+    what was accepted, close the generation (``start(prompt_len)``, optional, opens it). It imports no planner."""
 
     def cap(self) -> int | None: ...  # before the step's proposal: its DecodeState.depth_cap (then width_cap,
     # when the planner has one, is read as DecodeState.width_cap)

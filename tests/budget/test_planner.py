@@ -218,3 +218,14 @@ def test_the_drafting_fit_prices_by_hand_and_survives_its_stored_table():
     assert back(6, 2, 4) == pytest.approx(cost(6, 2, 4)) and back(0) == cost(0)
     old = DraftingCost.from_dict({"coef": [0.001, 0.002, 0.0005], "stopped": 0.0})
     assert old(2, 2, 100) == pytest.approx(0.001 + 0.004 + 0.002)
+
+
+def test_a_first_draft_pays_for_catching_up_on_the_prompt():
+    """A generation's first draft catches up on the whole prompt, priced by the fit's per-token term (1 ms a token
+    here): after a short prompt the first draft fits the allowance, after a long one it does not."""
+    table = {"coef": [0.001, 0.001, 0.0, 0.001], "stopped": 0.0}
+    for prompt_len, why in ((10, "first"), (2000, "plain")):
+        planner = AutoBudget(CPU, drafting=DraftingCost.from_dict(table, frozen=True), static=True)
+        planner.start(prompt_len)
+        planner.cap()
+        assert planner.why[-1] == why and planner.behind == prompt_len

@@ -112,3 +112,23 @@ def test_every_output_token_names_who_produced_it():
             assert step[:accepted] == ["t"] * accepted and set(step[accepted:]) <= {TARGET_TOKEN}
             at += n
     assert solo.token_sources.count("t") == sum(solo.step_accepted) > 0
+
+
+class Opened(SlowFinish):
+    """A planner that hears of each generation's prompt (``start``) and keeps every draft."""
+
+    def __init__(self):
+        self.started = []
+
+    def start(self, prompt_len):
+        self.started.append(prompt_len)
+
+    def finish(self, seq):
+        pass
+
+
+def test_the_loop_tells_a_planner_the_prompts_length_once_a_generation():
+    target, planner = BigramTarget(), Opened()
+    for prompt in ([1, 2, 3], [4, 5, 6, 7, 1]):
+        generate(target, SlowUpdate(target), prompt, max_new_tokens=4, planner=planner)
+    assert planner.started == [3, 5]
