@@ -63,7 +63,7 @@ from omegaconf import OmegaConf
 from prompts import dataset_prompts  # bench/ is on sys.path when a script here runs
 
 from methods.registry import build_method_config, get_method
-from specbench.budget.costs import CostModel, load_or_measure
+from specbench.budget.costs import CostModel
 from specbench.budget.planner import AutoBudget
 from specbench.core.acceptance import SamplingParams
 from specbench.core.decode import generate
@@ -71,6 +71,7 @@ from specbench.core.draft import DrafterContext
 from specbench.core.forward import Target
 from specbench.core.reference import References
 from specbench.errors import ConfigError
+from specbench.machine.costs import load_or_measure
 from specbench.models import load_model
 from specbench.paths import CONF_DIR
 from specbench.provenance import environment_info

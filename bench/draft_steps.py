@@ -19,10 +19,10 @@ from collections import defaultdict
 from prompts import one_preset  # bench/ is on sys.path when a script here runs
 
 from methods.registry import get_method
-from specbench.budget.costs import load_or_measure
 from specbench.budget.planner import WHY, AutoBudget
 from specbench.core.decode import generate
 from specbench.core.forward import Target
+from specbench.machine.costs import load_or_measure
 from specbench.provenance import environment_info
 
 

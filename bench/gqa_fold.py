@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from specbench.budget.costs import _path, _tree
 from specbench.core.attention import NAME, fold_gqa
 from specbench.core.forward import Target
+from specbench.machine.costs import _path, _tree
 from specbench.models import load_model
 from specbench.provenance import environment_info
 

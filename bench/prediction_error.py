@@ -18,7 +18,8 @@ from collections import defaultdict
 
 import numpy as np
 
-from specbench.budget.costs import CostModel, cost_path
+from specbench.budget.costs import CostModel
+from specbench.machine.costs import cost_path
 from specbench.results.rows import load_results
 
 

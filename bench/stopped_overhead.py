@@ -22,13 +22,13 @@ import time
 from prompts import one_preset  # bench/ is on sys.path when a script here runs
 
 from methods.registry import get_method
-from specbench.budget.costs import load_or_measure
 from specbench.budget.drafting import DraftingCost
 from specbench.budget.planner import AutoBudget
 from specbench.budget.replay import Recorder
 from specbench.core.decode import generate
 from specbench.core.draft import Draft
 from specbench.core.forward import Target
+from specbench.machine.costs import load_or_measure
 from specbench.provenance import environment_info
 
 

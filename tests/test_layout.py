@@ -28,6 +28,7 @@ LAYERS = {
     "specbench.budget": 3,
     "specbench.peers": 3,
     "specbench.drafting": 4,
+    "specbench.machine": 4,  # what this machine costs: the curve measured and cached
     "methods": 5,
     "specbench.run": 6,
     "specbench.tables": 7,
@@ -164,6 +165,25 @@ def test_core_imports_nothing_of_the_project_above_it():
     for module, targets in GRAPH.items():
         if module.startswith("specbench.core"):
             assert all(t.startswith("specbench.core") or t == "specbench.errors" for t in targets), (module, targets)
+
+
+def _third_party(path: Path) -> set[str]:
+    """The top-level packages outside the project that ``path`` imports (those inside functions too)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.add(node.module.split(".")[0])
+    return out - {"specbench", "methods", "__future__"}
+
+
+def test_the_budget_decides_from_numbers_alone():
+    """budget/ prices and decides; timing the machine (torch) lives in machine/, so the planner is tested
+    without a model."""
+    heavy = {m: _third_party(p) & {"torch", "transformers"} for m, p in MODULES.items() if m.startswith("specbench.budget")}
+    assert not any(heavy.values()), heavy
+    assert _third_party(MODULES["specbench.machine.costs"]) & {"torch"}  # the checker reads imports at all
 
 
 def test_a_method_imports_no_other_method():

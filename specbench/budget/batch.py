@@ -1,27 +1,10 @@
-"""``budget=auto`` at batch size B > 1: one step's block split across the rows.
+"""``budget=auto`` at batch size B > 1: one step's block split across the rows (docs/batches.md).
 
-A batched step is one forward of every live row, each row's block padded to the
-longest (``Target.forward_rows``), attention reading up to the longest row: it
-costs t(q, ĉ, B), the measured curve of B rows of q tokens whose longest context
-is ĉ, the rows at staggered lengths (:func:`specbench.budget.costs.measure_batch`).
-Guesses below the longest block ride in padding that is computed anyway, and one
-row's long block makes every row's step longer.
-
-* **Each row's own planner** (:class:`~specbench.budget.planner.AutoBudget`, one
-  per request, the acceptance statistics shared by all of them) scores its
-  guesses and decides its aux nodes as at batch size 1, pricing a block of q
-  tokens at what it adds to the batch's step when the other rows send their
-  root alone (:class:`RowShare`): its share of the plain step, t(1, ĉ, B) / B,
-  plus the whole rise t(q, ĉ, B) − t(1, ĉ, B), since its block pads every row.
-* **The block.** With those aux nodes fixed, the step's block q is the one that
-  maximises the batch's expected tokens per second, Σ_r (1 + Σ of row r's best
-  q − 1 − aux_r scores) / t(q, ĉ, B): every row keeps as many of its guesses as
-  fit in q, best first (parents before children). Rows whose guesses are worth
-  little leave q at the aux nodes' size (1 with none): no guesses at all when
-  drafting does not pay at this batch size.
-
-At batch size 1 the rows' own plans are kept as they are, so a batch of one
-plans exactly as :class:`~specbench.budget.planner.AutoBudget` alone.
+A batched step is one forward of every live row, each row's block padded to the longest, attention reading up
+to the longest row: t(q, ĉ, B). Each row's own planner (acceptance shared by all) scores its guesses and picks
+its aux nodes, pricing its block at what it adds to the step (:class:`RowShare`); then one block q for every
+row maximises the batch's expected tokens per second (:func:`best_block`). At batch size 1 the row's own plan
+is kept, exactly as :class:`~specbench.budget.planner.AutoBudget` alone plans it.
 """
 
 from __future__ import annotations

@@ -7,14 +7,12 @@ never pauses fits e = 0: a minimum-norm fit leaves a column of zeros out), a lea
 measured, each weighing as much as the last :data:`WINDOW` together (so the fit follows a machine's drift);
 a step that drafts nothing costs ``stopped`` (the drafter's update and the loop's bookkeeping), priced in the
 plain option. Under ``budget=auto`` the fit starts from the warm-up's measurement and goes on learning from the
-run; under ``budget=static`` it is a table stored once per machine and preset (:func:`table_path`) and never
+run; under ``budget=static`` it is a table stored once per machine and preset (:func:`specbench.machine.costs.table_path`) and never
 changes, so two runs make the same decisions.
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -90,25 +88,3 @@ class DraftingCost:
         out._xx[:len(xx), :len(xx)], out._xy[:len(xy)] = xx, xy
         return out
 
-
-def table_path(curve_path: Path, preset: str, params: dict) -> Path:
-    """Where ``budget=static`` keeps a preset's drafting table: beside the cost curve it was measured with, one
-    per preset and settings (a changed setting is another drafter)."""
-    import hashlib
-
-    digest = hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()[:10]
-    return curve_path.with_suffix("") / f"drafting-{preset.replace(':', '_')}-{digest}.json"
-
-
-def read_table(path: Path) -> DraftingCost | None:
-    """The stored table (frozen), or None when there is none or it is unreadable (then measured again)."""
-    try:
-        return DraftingCost.from_dict(json.loads(path.read_text()), frozen=True)
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def write_table(path: Path, cost: DraftingCost) -> None:
-    from specbench.paths import write_json
-
-    write_json(path, cost.to_dict())

@@ -1,40 +1,14 @@
 """``budget=auto`` and ``budget=static``: each step drafts and verifies what pays on this machine.
 
-One rule decides every step: among drafting nothing and the drafter's options, take the one with the best
-expected tokens per second, (1 + expected accepted) / (forward seconds + drafting seconds), the forward priced
-by the measured cost curve t(q, context) (:mod:`specbench.budget.costs`), the drafting by
-:mod:`specbench.budget.drafting` (a step that drafts nothing pays the stopped drafter's seconds). Nothing here
-touches the acceptance rule, so outputs are unchanged: a smaller draft is still a draft. The rule is applied
-
-* before the drafter proposes, to its options: a depth cap d and, for a tree drafted level by level with a
-  top-k, a top-k w (``DecodeState.depth_cap``, ``width_cap``; a cap of 0: no draft, the drafter skips its
-  work). An option's accepted tokens, guesses verified and aux nodes sent are running means over the steps
-  that drafted it or more: a step drafted to depth 6 shows what depth 3 would have verified and accepted, and
-  of a tree, what a top-k of w drafts too (``Draft.needs``);
-* after the proposal, to what is verified: the best prefix of its guesses ranked by their chance of being
-  accepted, and how many auxiliary columns go with them (Lookahead's window, SPECTRA's pool,
-  ``Draft.aux_columns``: none, all, or the first half, quarter, …).
-
-**Acceptance** is :mod:`specbench.budget.acceptance`'s: each guess's chance, from counts over every guess
-proposed. Aux nodes propose nothing themselves: they feed the sources in the drafter's ``AUX_FEEDS``, whose
-guesses are counted apart by the pool width that fed them; every proposal is weighed at each pool width, so
-the options (depth, top-k, pool width) compare steady states, with the pool and without it.
-
-**Exploration.** Options not taken teach nothing; so after a wait of steps that were not the method's own draft
-(its depth, top-k and whole pool), one step is. The wait is ``EXPLORE_EVERY`` steps, doubled for each plain
-step's worth the explorations lost since the rule itself last took the method's own draft: a drafter that
-costs nothing to try (a lookup) is tried every ``EXPLORE_EVERY`` steps, an expensive one ever more rarely.
-
-**The allowance is a cap.** The regret, what drafting lost against plain decoding (each drafting step's
-time less the plain time of its tokens, in plain steps; a step that paid counts negative), stays within
-``ALLOWANCE_FLOOR`` plain steps plus ``ALLOWANCE_SHARE`` of the run's time. Every step is checked before it is
-taken: a chosen option by its expected loss (below zero for one that pays; over the allowance, only options
-that pay clearly enough go), a step taken to learn (the first, an exploration) by its worst case (nothing
-accepted, drafting at ``SPIKE`` times its modelled seconds), and what it verifies is cut to what still fits.
-
-Under ``budget=static`` the drafting seconds come from a table stored once per machine and preset and the
-regret counts them, not the clock: decisions follow the stored costs and the tokens, the same in every run.
-Under ``budget=auto`` they follow the seconds measured during the run.
+One rule decides every step: among no draft and the drafter's options (a depth cap, a tree's top-k, a pool
+width), the best expected tokens per second, (1 + expected accepted) / (forward seconds + drafting seconds),
+the forward priced by the cost curve, drafting by :class:`~specbench.budget.drafting.DraftingCost`, acceptance
+by :mod:`specbench.budget.acceptance`. Before the proposal it caps what the drafter drafts (0: no draft); after
+it, it keeps the best prefix of the guesses and the aux columns that pay. Options not taken are explored after
+``EXPLORE_EVERY`` steps, the wait doubled per plain step's worth explorations lost. The regret (what drafting
+lost against plain decoding, in plain steps) stays within an allowance checked before every step: a cap, not a
+target. Under ``static`` drafting is priced from a stored table, never the clock. Outputs never change: a
+smaller draft is still a draft. docs/budget.md explains each part.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ import argparse
 
 from omegaconf import OmegaConf
 
-from specbench.budget.costs import load_or_measure
 from specbench.errors import one_line_errors
+from specbench.machine.costs import load_or_measure
 from specbench.models import load_model
 from specbench.paths import CONF_DIR
 
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{cfg.model.name} ({dtype}, {attn}{linear}) on {model.device_name}")
     print(model.table())
     if loaded.device.type == "cpu":
-        from specbench.budget.floor import floor
+        from specbench.machine.floor import floor
 
         bound = floor(loaded.model)
         t1 = model.seconds[0][0]

@@ -352,7 +352,7 @@ def run_speed(stage: Stage, shape: dict, device: str, work: Path, heads: Path, s
     for method in profiles:
         stage.profiles[method] = profile(target, texts, speed_tokens, work / "profile", method, heads=heads)
     if target.model.config._attn_implementation != "sdpa":  # grouped-query: also K/V repeated per head
-        from specbench.budget.costs import QS, measure
+        from specbench.machine.costs import QS, measure
 
         target.model.set_attn_implementation("sdpa")
         stage.curves[f"{stage.model}, K/V repeated (hardware.gqa=repeat)"] = measure(

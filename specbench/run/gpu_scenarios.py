@@ -121,8 +121,8 @@ def check_budget_auto(target: Target, dtype: str, model_name: str, texts: list[l
                       workdir: Path, expected: list[list[int]], qs: tuple[int, ...] = (1, 8, 32, 64, 128),
                       only: tuple[str, ...] | None = None, heads: Path | None = None) -> Row:
     """Every method ``budget=auto`` applies to, planning under a curve measured here, gives ``expected``."""
-    from specbench.budget.costs import measure
     from specbench.budget.planner import AutoBudget
+    from specbench.machine.costs import measure
 
     vocab = target.model.config.vocab_size
     curve = measure(target, vocab, qs=qs, contexts=(len(texts[0]), 1024))

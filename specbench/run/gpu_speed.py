@@ -23,7 +23,7 @@ def speed(target: Target, model_name: str, texts: list[list[int]], new_tokens: i
     """The cost curve and, per method (or those ``only`` names), τ, draft and forward ms per step and peak memory,
     timed with nothing else on (host syncs are counted apart, in :func:`check_syncs`). The baseline is timed
     first and again last: the two differ by the machine's drift over the table."""
-    from specbench.budget.costs import QS, measure
+    from specbench.machine.costs import QS, measure
 
     vocab = target.model.config.vocab_size
     makers = drafters(target, vocab, workdir, texts, only=only, heads=heads)  # writes the random heads (GBs) ...

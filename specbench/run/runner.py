@@ -112,7 +112,7 @@ class Measurement:
         self.target = Target(loaded.model)
         self.cost = None
         if job.auto or any(get_method(name).needs_reference for name in job.methods):
-            from specbench.budget.costs import load_or_measure
+            from specbench.machine.costs import load_or_measure
 
             self.cost = load_or_measure(loaded, loaded.name, loaded.dtype,
                                         str(job.hardware.get("attn_implementation", "")), progress=job.progress,
@@ -232,8 +232,7 @@ class Measurement:
 
     def _stored_table(self, measured: Any) -> Any:
         """budget=static: the drafting table stored for this machine and preset, or ``measured``, stored."""
-        from specbench.budget.costs import cost_path
-        from specbench.budget.drafting import read_table, table_path, write_table
+        from specbench.machine.costs import cost_path, read_table, table_path, write_table
         from specbench.paths import exclusive
 
         path = table_path(cost_path(self.cost.key, self.loaded.name, self.loaded.dtype), self.job.preset,

@@ -9,12 +9,13 @@ import json
 import pytest
 import torch
 
-from specbench.budget import costs
 from specbench.budget.batch import BatchBudget, RowShare, best_block, best_first
-from specbench.budget.costs import STAGGERED, CostModel, batch_sizes, load_or_measure, measure_batch
+from specbench.budget.costs import STAGGERED, CostModel
 from specbench.core.decode import Request, decode_batch, generate
 from specbench.core.draft import Draft, Drafter
 from specbench.core.forward import Target
+from specbench.machine import costs
+from specbench.machine.costs import batch_sizes, load_or_measure, measure_batch
 from specbench.results.rows import load_results
 from specbench.run.runner import run
 from tests.core.test_batch import Script

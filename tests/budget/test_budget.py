@@ -17,16 +17,7 @@ from methods.registry import get_method
 from methods.spectra_core import SpectraCore, SpectraCoreConfig
 from methods.token_recycling import TokenRecycling, TokenRecyclingConfig
 from specbench.budget.acceptance import AcceptanceStats, fed, node_scores, positions
-from specbench.budget.costs import (
-    CONTEXTS,
-    GPU_CONTEXTS,
-    CostModel,
-    contexts_for,
-    cost_key,
-    load_or_measure,
-    measure,
-    monotone,
-)
+from specbench.budget.costs import CostModel
 from specbench.budget.drafting import WINDOW
 from specbench.budget.planner import EXPLORE_EVERY, AutoBudget, best_prefix, subdraft, widths
 from specbench.core.acceptance import SamplingParams
@@ -35,6 +26,15 @@ from specbench.core.forward import Target
 from specbench.drafting.ngram_dicts import CandidatePool
 from specbench.drafting.spectra_engine import SpectraCoreEngine
 from specbench.errors import ConfigError
+from specbench.machine.costs import (
+    CONTEXTS,
+    GPU_CONTEXTS,
+    contexts_for,
+    cost_key,
+    load_or_measure,
+    measure,
+    monotone,
+)
 from specbench.paths import CONF_DIR
 from specbench.results.rows import load_results
 from specbench.run.config import load_preset

@@ -12,8 +12,9 @@ from collections import Counter
 import pytest
 
 from specbench.budget.costs import CostModel
-from specbench.budget.drafting import DraftingCost, read_table
+from specbench.budget.drafting import DraftingCost
 from specbench.budget.planner import ALLOWANCE_FLOOR, EXPLORE_EVERY, AutoBudget
+from specbench.machine.costs import read_table
 from specbench.results.rows import load_results
 from specbench.run.runner import run
 from tests.budget.simulated import simulate

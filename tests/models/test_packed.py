@@ -77,7 +77,7 @@ def test_greedy_outputs_are_the_same_with_packed_and_plain_linears_at_every_bloc
 
 
 def test_the_floor_counts_tied_weights_once_and_divides_by_the_bandwidth():
-    from specbench.budget.floor import Floor, weight_bytes
+    from specbench.machine.floor import Floor, weight_bytes
 
     model = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 10, bias=False))
     model[1].weight = model[0].weight  # tied, as SmolLM2's output layer

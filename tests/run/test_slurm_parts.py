@@ -108,7 +108,7 @@ def test_the_slurm_launcher_config_names_our_launcher_and_sets_up_each_job(monke
 
 
 def test_jobs_that_start_together_measure_one_cost_curve(tmp_path, monkeypatch):
-    from specbench.budget import costs
+    from specbench.machine import costs
 
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
     measured = []

@@ -1,0 +1,259 @@
+"""Measuring what one verification forward costs on this machine, and keeping it: the curve t(q, context[, batch]).
+
+:func:`measure` times a step's verification (``Target.forward_draft``: a block of q tokens through the tree
+mask, every row's logits; then the cache compacted to an accepted path of three guesses) for block sizes
+:data:`QS` after a few context lengths, every device synchronised, the fastest of a few repeats, each row made
+non-decreasing in q (pool adjacent violators). :func:`measure_batch` does the same for B rows a forward
+(``Target.forward_rows``). Curves are cached per machine, software, model, dtype, attention and placement under
+``$SPECBENCH_CACHE/costs/``, ``budget=static``'s drafting tables beside them. ``python -m specbench.costs``
+prints a curve.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+from time import perf_counter
+from typing import Any
+
+import torch
+
+from specbench.budget.costs import STAGGERED, CostModel
+from specbench.budget.drafting import DraftingCost
+from specbench.core.draft import Draft
+
+QS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)  # block sizes timed: dense where CPU kernels step (bench/README.md)
+CONTEXTS = (128, 1024)  # on a CPU; GPU_CONTEXTS on a GPU (MT-Bench's second turn reaches 2-3k tokens)
+GPU_CONTEXTS = (128, 1024, 2048, 4096)
+COST_DIR = "costs"
+BATCH_TOKENS = 1024  # most tokens (rows × block) a batched forward is timed with on a CPU; 4096 on a GPU
+MEASURE_VERSION = 4  # part of the cache key: a changed measurement invalidates cached curves
+
+
+def monotone(values: list[float]) -> list[float]:
+    """The closest non-decreasing sequence in least squares (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [sum, count]
+    for v in values:
+        blocks.append([v, 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            s, n = blocks.pop()
+            blocks[-1][0] += s
+            blocks[-1][1] += n
+    return [s / n for s, n in blocks for _ in range(n)]
+
+
+def _tree(q: int, vocab: int, gen: torch.Generator) -> Draft:
+    """``q - 1`` guesses as a tree the size of the block: two branches of chains."""
+    n = q - 1
+    tokens = torch.randint(0, vocab, (n,), generator=gen).tolist()
+    parents = [-1 if i < 2 else i - 2 for i in range(n)]  # two interleaved chains: the mask path
+    return Draft(tokens=tokens, parents=parents, sources=["cost"] * n)
+
+
+def contexts_for(target: Any, context_length: int | None = None, qs=QS) -> tuple[int, ...]:
+    """The context lengths to time: :data:`GPU_CONTEXTS` on a GPU, :data:`CONTEXTS` on a CPU, those that leave
+    room for the largest block within ``context_length``."""
+    wanted = GPU_CONTEXTS if target.is_cuda else CONTEXTS
+    if not context_length:
+        return wanted
+    fit = tuple(c for c in wanted if c + max(qs) <= context_length)
+    return fit or (max(1, context_length - max(qs)),)
+
+
+def _path(q: int) -> list[int]:
+    """An accepted path of up to three guesses down the first chain of :func:`_tree`'s block."""
+    return list(range(0, q - 1, 2))[:3]
+
+
+@torch.inference_mode()
+def measure(target: Any, vocab_size: int, *, qs=QS, contexts=None, repeats: int = 3, warmup: int = 2,
+            seed: int = 0, progress: bool = False, context_length: int | None = None) -> CostModel:
+    """Time a verification (``forward_draft``, then ``compact``) for every block size and context length;
+    keep the fastest of ``repeats``. ``contexts`` defaults to :func:`contexts_for`."""
+    from specbench.provenance import device_name
+
+    contexts = tuple(contexts) if contexts else contexts_for(target, context_length, qs)
+    gen = torch.Generator().manual_seed(seed)
+    seconds: list[list[float]] = []
+    for ctx in contexts:
+        cache = target.new_cache()
+        prompt = torch.randint(0, vocab_size, (max(ctx, 1),), generator=gen).tolist()
+        target.prefill(prompt, cache)
+        past = cache.get_seq_length()
+        row = []
+        for q in qs:
+            draft = _tree(q, vocab_size, gen)
+            times = []
+            for r in range(warmup + repeats):
+                target.sync()
+                t0 = perf_counter()
+                target.forward_draft(prompt[-1], draft, cache)
+                target.compact(cache, past, _path(q))
+                target.sync()
+                if r >= warmup:
+                    times.append(perf_counter() - t0)
+                cache.crop(past - cache.get_seq_length())  # back to the context (negative: tokens to drop)
+            row.append(min(times))
+            if progress:
+                print(f"  context {ctx}, q {q}: {1000 * row[-1]:.1f} ms", file=sys.stderr)
+        seconds.append(monotone(row))
+    return CostModel(list(qs), list(contexts), seconds, device_name=device_name(target.device))
+
+
+def batch_sizes(batch_size: int) -> list[int]:
+    """The batch sizes timed for a run at ``batch_size``: 2, 4, 8, … below it, and itself."""
+    sizes, b = [], 2
+    while b < batch_size:
+        sizes.append(b)
+        b *= 2
+    return sizes + ([batch_size] if batch_size > 1 else [])
+
+
+@torch.inference_mode()
+def measure_batch(target: Any, vocab_size: int, batch: int, *, qs=QS, contexts=None, repeats: int = 2,
+                  warmup: int = 1, seed: int = 0, progress: bool = False, context_length: int | None = None,
+                  most_tokens: int | None = None) -> CostModel:
+    """Time a batched verification (``forward_rows`` with a block of q tokens in each of ``batch`` rows, then
+    every row compacted) for the block sizes whose total stays within ``most_tokens`` (:data:`BATCH_TOKENS`,
+    four times that on a GPU); larger blocks extend the last slope. The rows sit at staggered lengths, from the
+    context down to half of it, as a batch's requests do (attention reads up to the longest row): the curve is
+    keyed by the longest row's context."""
+    from specbench.provenance import device_name
+
+    contexts = tuple(contexts) if contexts else contexts_for(target, context_length, qs)[:2]
+    most = most_tokens or (4 if target.is_cuda else 1) * BATCH_TOKENS
+    timed = [q for q in qs if q * batch <= most] or [qs[0]]
+    gen = torch.Generator().manual_seed(seed)
+    seconds: list[list[float]] = []
+    for ctx in contexts:
+        cache = target.new_cache(batch, limit=ctx + max(qs) + 1)
+        lengths = [max(1, ctx - (ctx * r) // (2 * batch)) for r in range(batch)]
+        prompts = [torch.randint(0, vocab_size, (n,), generator=gen).tolist() for n in lengths]
+        for slot, prompt in enumerate(prompts):
+            target.prefill(prompt, cache, slot=slot)
+        row = []
+        for q in timed:
+            drafts = [_tree(q, vocab_size, gen)] * batch
+            keeps = [[0] + [1 + i for i in _path(q)]] * batch
+            times = []
+            for r in range(warmup + repeats):
+                target.sync()
+                t0 = perf_counter()
+                target.forward_rows([p[-1] for p in prompts], drafts, cache, 0)
+                cache.commit(0, keeps)
+                target.sync()
+                if r >= warmup:
+                    times.append(perf_counter() - t0)
+                cache.crop(-len(keeps[0]))
+            row.append(min(times))
+            if progress:
+                print(f"  batch {batch}, context {ctx}, q {q}: {1000 * row[-1]:.1f} ms", file=sys.stderr)
+        row = monotone(row)
+        seconds.append(row + _extend(timed, row, qs[len(timed):]))
+    return CostModel(list(qs), list(contexts), seconds, device_name=device_name(target.device), rows=STAGGERED)
+
+
+def _extend(qs: list[int], row: list[float], beyond) -> list[float]:
+    """``row`` (timed at ``qs``) carried on to the block sizes ``beyond`` along its last slope."""
+    if len(qs) < 2:
+        return [row[-1] * q / qs[-1] for q in beyond]
+    slope = (row[-1] - row[-2]) / (qs[-1] - qs[-2])
+    return [row[-1] + slope * (q - qs[-1]) for q in beyond]
+
+
+def cost_key(model_name: str, dtype: str, attn: str, device: Any, *, devices: list | None = None,
+             quantization: str = "", device_map: str = "", linear: str = "plain") -> str:
+    """Which machine, software, model and placement a curve belongs to: int8 on one GPU and fp16 over
+    two, four or eight never share one, nor do packed and plain CPU linear layers."""
+    import transformers
+
+    from specbench.provenance import device_name
+
+    gpus = sorted({str(d) for d in (devices or [device]) if torch.device(d).type == "cuda"})
+    ident = [MEASURE_VERSION, model_name, dtype, attn, device_name(device), torch.__version__,
+             transformers.__version__, quantization, device_map, [device_name(g) for g in gpus],
+             (torch.version.cuda or "") if gpus else ""] + ([] if linear == "plain" else [linear])
+    return hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:16]
+
+
+def cost_path(key: str, model_name: str, dtype: str) -> Path:
+    from specbench.paths import cache_root
+
+    return cache_root() / COST_DIR / f"{model_name}-{dtype}-{key}.json"
+
+
+def load_or_measure(loaded: Any, model_name: str, dtype: str, attn: str, *, remeasure: bool = False,
+                    progress: bool = False, batch_size: int = 1, **measure_kw) -> CostModel:
+    """The cached curve for this machine and model, or a new measurement (saved for next time); with
+    ``batch_size`` > 1, with the batch sizes :func:`batch_sizes` names (those missing are measured and added)."""
+    from specbench.core.forward import Target
+    from specbench.paths import exclusive
+
+    target = Target(loaded.model)
+    key = cost_key(model_name, dtype, attn, target.device, devices=target.devices,
+                   quantization=getattr(loaded, "quantization", ""), device_map=getattr(loaded, "device_map", ""),
+                   linear=getattr(loaded, "linear", "plain"))
+    path = cost_path(key, model_name, dtype)
+    wanted = batch_sizes(batch_size)
+
+    def ready() -> CostModel | None:
+        cached = None if remeasure else _read_curve(path)
+        return cached if cached is not None and all(b in cached.batches for b in wanted) else None
+
+    cached = ready()
+    if cached is not None:
+        return cached
+    with exclusive(path):  # jobs of a sweep that start together: one measures, the others read its curve
+        cached = ready()
+        if cached is not None:
+            return cached
+        measure_kw.setdefault("context_length", getattr(loaded, "context_length", None))
+        model = None if remeasure else _read_curve(path)
+        if model is None:
+            model = measure(target, loaded.vocab_size, progress=progress, **measure_kw)
+            model.key = key
+        for b in wanted:
+            if b not in model.batches:
+                model.batches[b] = measure_batch(target, loaded.vocab_size, b, progress=progress, **{
+                    k: v for k, v in measure_kw.items() if k in ("qs", "contexts", "context_length", "seed")})
+        _write_curve(path, model)
+    return model
+
+
+def _write_curve(path: Path, model: CostModel) -> None:
+    from specbench.paths import write_json
+
+    write_json(path, model.to_dict())
+
+
+def _read_curve(path: Path) -> CostModel | None:
+    """The curve saved at ``path``; None when there is none or it is unreadable (then measured again)."""
+    if not path.exists():
+        return None
+    try:
+        return CostModel.from_dict(json.loads(path.read_text()))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def table_path(curve_path: Path, preset: str, params: dict) -> Path:
+    """Where ``budget=static`` keeps a preset's drafting table: beside the cost curve it was measured with, one
+    per preset and settings (a changed setting is another drafter)."""
+    digest = hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()[:10]
+    return curve_path.with_suffix("") / f"drafting-{preset.replace(':', '_')}-{digest}.json"
+
+
+def read_table(path: Path) -> DraftingCost | None:
+    """The stored table (frozen), or None when there is none or it is unreadable (then measured again)."""
+    try:
+        return DraftingCost.from_dict(json.loads(path.read_text()), frozen=True)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def write_table(path: Path, cost: DraftingCost) -> None:
+    from specbench.paths import write_json
+
+    write_json(path, cost.to_dict())
