@@ -64,13 +64,17 @@ class AcceptanceStats:
         self.accepted.clear()
         self._rates.clear()
 
-    def observe_output(self, draft: Draft, output: list[int], final: bool = False, name=lambda s: s) -> bool:
-        """Count the guesses of ``draft`` against ``output``, the tokens that followed its root (``name``: what a
-        source is counted as). False (nothing counted) while the output is shorter than the draft's depth,
-        unless ``final``: then guesses deeper than the output are left out."""
+    def observe_output(self, draft: Draft, output: list[int], final: bool = False, name=lambda s: s,
+                       counted: int = 0) -> int:
+        """Count the guesses of ``draft`` deeper than ``counted`` that ``output``, the tokens that followed its root,
+        reaches (``name``: what a source is counted as), so a level is learned from as soon as the next step shows
+        it. Returns the depth counted to: the draft's own once every level is counted, or when ``final`` (the
+        output ended: deeper guesses are left out)."""
         where = positions(draft)
-        if where and max(d for d, _ in where) > len(output) and not final:
-            return False
+        deepest = max((d for d, _ in where), default=0)
+        reach = deepest if final else min(deepest, len(output))
+        if reach <= counted and where:
+            return counted
         matched: list[bool | None] = []
         for i, p in enumerate(draft.parents):
             depth, rank = where[i]
@@ -80,20 +84,20 @@ class AcceptanceStats:
                 continue
             ok = bool(parent) and draft.tokens[i] == output[depth - 1]
             matched.append(ok)
-            if not parent:  # its parent was wrong: it says nothing of how often a guess follows a right one
+            if not parent or depth <= counted:  # a wrong parent says nothing of how often a guess follows a right one
                 continue
             for s in draft.sources_of(i):
                 for key in ((name(s),), (name(s), depth), (name(s), depth, rank)):
                     self.drafted[key] += 1
                     self.accepted[key] += ok
         self._rates.clear()
-        self.counted += 1
-        if self.counted % WINDOW == 0:
-            for counts in (self.drafted, self.accepted):
-                for key in counts:
-                    counts[key] *= 0.5
-        return True
-
+        if reach >= deepest:
+            self.counted += 1
+            if self.counted % WINDOW == 0:
+                for counts in (self.drafted, self.accepted):
+                    for key in counts:
+                        counts[key] *= 0.5
+        return reach
 
 def node_scores(draft: Draft, stats: AcceptanceStats, name=lambda s: s) -> list[float]:
     """Each guess's chance of being accepted: its parent's times its rate (how often such a guess follows a

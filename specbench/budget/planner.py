@@ -5,7 +5,7 @@ width), the best expected tokens per second, (1 + expected accepted) / (forward 
 the forward priced by the cost curve, drafting by :class:`~specbench.budget.drafting.DraftingCost`, acceptance
 by :mod:`specbench.budget.acceptance`. Before the proposal it caps what the drafter drafts (0: no draft); after
 it, it keeps the best prefix of the guesses and the aux columns that pay. Options not taken are explored after
-``EXPLORE_EVERY`` steps, the wait doubled per plain step's worth explorations lost. The regret (what drafting
+``EXPLORE_EVERY`` steps, the wait doubled per plain step's worth explorations (a first draft among them) lost. The regret (what drafting
 lost against plain decoding, in plain steps) stays within an allowance checked before every step: a cap, not a
 target. Under ``static`` drafting is priced from a stored table, never the clock. Outputs never change: a
 smaller draft is still a draft. docs/budget.md explains each part.
@@ -101,7 +101,7 @@ class AutoBudget:
         self.widths: list[int] = []  # per step: aux columns sent
         self.kept: list[int] = []  # per step: guesses verified
         self.proposed: list[int] = []  # per step: guesses the drafter proposed
-        self._pending: list[tuple[Draft, int, int, int]] = []  # drafts waiting for their output: start, width, pool
+        self._pending: list[tuple] = []  # drafts waiting for their output: start, width, pool, depth counted to
         self._context, self._drafted = 0, (0, 0)
         self._caps: tuple = (0, None, None)  # this step's depth, top-k and pool width (None: the method's own)
         self._need = float("inf")  # after a plain decision: the room the best option that did not fit needs
@@ -143,7 +143,7 @@ class AutoBudget:
 
     def _decide(self) -> tuple[tuple, str]:
         t1, own, plain = self.cost(1, self._context), (None, None, None), (0, None, None)
-        wait = EXPLORE_EVERY * 2**self.explored
+        wait = EXPLORE_EVERY * 2 ** min(self.explored, 64)  # past 2⁶⁴ steps: never (and no overflow)
         if self.why and self.why[-1] == "plain" and self.skipped < wait and self.regret + self._need > self.allowance():
             return plain, "plain"  # nothing learned since, and no more room: plain until the next exploration
         if not self.options:  # nothing measured: the method's own draft, if drafting it cannot break the cap
@@ -226,7 +226,7 @@ class AutoBudget:
         """The step verifies ``draft``'s guesses ``keep`` (parents first) and its first ``width`` aux columns."""
         self.last_plan = (list(keep), width)
         if len(draft) and self._caps[0] != 0:
-            self._pending.append((draft, len(tokens), width, draft.aux_width))
+            self._pending.append((draft, len(tokens), width, draft.aux_width, 0))
         self.widths.append(width)
         self.kept.append(len(keep))
         self.proposed.append(len(draft))
@@ -252,7 +252,7 @@ class AutoBudget:
         if drafted:
             loss = (forward + spent - (1 + len(accepted_nodes)) * t1) / t1
             self.regret += loss
-            if self.why[-1] == "explored":
+            if self.why[-1] in ("first", "explored"):  # a first draft is the first exploration
                 self.explored += max(loss, 0.0)
 
     def _weigh(self, draft: Draft, spent: float, caps: tuple = (None, None)) -> dict[int, tuple]:
@@ -296,11 +296,13 @@ class AutoBudget:
                         entry[j] += v * (x - entry[j])
 
     def _resolve(self, tokens: list[int], final: bool = False) -> None:
+        """Count what the output shows of each pending draft, level by level; keep those not counted through."""
         waiting = []
-        for draft, start, width, full in self._pending:
-            if not self.stats.observe_output(draft, tokens[start:], final,
-                                             lambda s, w=width, f=full: fed(s, self.aux_feeds, w, f)):
-                waiting.append((draft, start, width, full))
+        for draft, start, width, full, counted in self._pending:
+            counted = self.stats.observe_output(draft, tokens[start:], final,
+                                                lambda s, w=width, f=full: fed(s, self.aux_feeds, w, f), counted)
+            if counted < max(draft.depths(), default=0):
+                waiting.append((draft, start, width, full, counted))
         self._pending = waiting
 
     def finish(self, tokens: list[int]) -> None:

@@ -163,13 +163,16 @@ def test_counts_halve_every_window_and_start_afresh_with_a_category():
 def test_guesses_are_judged_by_the_output_that_followed_them():
     stats = AcceptanceStats()
     d = Draft(tokens=[4, 5, 7, 9], parents=[-1, 0, -1, 2], sources=["a", "a", "b", "b"])
-    assert not stats.observe_output(d, [4])  # depth 2 not known yet
-    assert stats.observe_output(d, [4, 5, 6])
+    assert stats.observe_output(d, [4]) == 1  # depth 1 counted at once, depth 2 not known yet
+    assert {k for k in stats.drafted if len(k) == 3} == {("a", 1, 0), ("b", 1, 1)} and stats.counted == 0
+    assert stats.observe_output(d, [4, 5, 6], counted=1) == 2  # then depth 2 alone: depth 1 is not counted twice
     fine = {k: v for k, v in stats.drafted.items() if len(k) == 3}
     assert fine == {("a", 1, 0): 1, ("a", 2, 0): 1, ("b", 1, 1): 1}  # 9 not counted: its parent was wrong
-    assert stats.accepted[("a", 2, 0)] == 1 and stats.accepted[("b",)] == 0
+    assert stats.accepted[("a", 2, 0)] == 1 and stats.accepted[("b",)] == 0 and stats.counted == 1
+    assert stats.observe_output(d, [4, 5, 6], counted=2) == 2 and fine == {
+        k: v for k, v in stats.drafted.items() if len(k) == 3}  # nothing left to count
     ended = AcceptanceStats()
-    assert ended.observe_output(d, [4], final=True)  # the output ended: depth 2 under 4 is unknown
+    assert ended.observe_output(d, [4], final=True) == 2  # the output ended: depth 2 under 4 is unknown
     assert {k for k in ended.drafted if len(k) == 3} == {("a", 1, 0), ("b", 1, 1)}
 
 
@@ -329,7 +332,7 @@ def test_a_pool_that_never_pays_is_explored_ever_more_rarely_within_the_allowanc
     """A drafter whose guesses are never right, beside a pool (4 nodes: 0.08 of a step under a nearly flat
     curve), its drafting 2% of a step: the first step sends the pool, then the guesses alone are tried, then
     plain steps, with the whole draft explored after 16 steps, the wait doubling for each plain step's worth
-    the explorations lost. At every step the regret is within the
+    the explorations (the first draft among them) lost. At every step the regret is within the
     allowance, and it spends far less than the allowance. A pool whose steps bring 1.5 tokens is sent throughout
     and earns negative regret."""
     nearly_flat = CostModel(qs=[1, 2], contexts=[0], seconds=[[1.0, 1.02]])
@@ -349,7 +352,8 @@ def test_a_pool_that_never_pays_is_explored_ever_more_rarely_within_the_allowanc
             explored = [i for i, why in enumerate(budget.why) if why == "explored"]
             assert sent == [0, *explored] and budget.why[0] == "first" and budget.why[-1] == "plain"
             gaps = [b - a for a, b in zip([0, *explored], explored, strict=False)]
-            assert gaps[0] == 17 and gaps == sorted(gaps) and gaps[-1] > 2 * gaps[0]  # ever more rarely
+            assert 17 < gaps[0] < 34  # 16 steps, lengthened by what the first draft, the first exploration, lost
+            assert gaps == sorted(gaps) and gaps[-1] > 2 * gaps[0]  # ever more rarely
             assert budget.explored <= math.log2(600 / EXPLORE_EVERY) + 1  # lost: the log of the run, in plain steps
             assert budget.regret < budget.allowance() / 2  # a cap, not a target
 
