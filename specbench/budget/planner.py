@@ -4,10 +4,10 @@ One rule decides every step: among no draft and the drafter's options (a depth c
 width), the best expected tokens per second, (1 + expected accepted) / (forward seconds + drafting seconds),
 the forward priced by the cost curve, drafting by :class:`~specbench.budget.drafting.DraftingCost`, acceptance
 by :mod:`specbench.budget.acceptance`. Before the proposal it caps what the drafter drafts (0: no draft); after
-it, it keeps the best prefix of the guesses and the aux columns that pay. Options not taken are explored after
-``EXPLORE_EVERY`` steps, the wait doubled per plain step's worth explorations (a first draft among them) lost. The regret (what drafting
-lost against plain decoding, in plain steps) stays within an allowance checked before every step: a cap, not a
-target. Under ``static`` drafting is priced from a stored table, never the clock. Outputs never change: a
+it, it keeps the best prefix of the guesses and the aux columns that pay. After ``EXPLORE_EVERY`` steps, one
+probes a level past the rule's choice, the wait doubled per plain step's worth probes (a first draft among them)
+lost. The regret (what drafting lost against plain decoding, in plain steps) stays within an allowance checked
+before every step: a cap, not a target. Under ``static`` drafting is priced from a stored table, never the clock. Outputs never change: a
 smaller draft is still a draft. docs/budget.md explains each part.
 """
 
@@ -161,12 +161,13 @@ class AutoBudget:
                     best, top = (d, w, a), rank
                 else:  # it would pay better, but the regret has no room for it yet: the room it needs
                     self._need = min(self._need, loss)
-        whole = self.options.get((self.deepest, self.top_k, self.pool))
-        if (self.skipped >= wait and best != (self.deepest, self.top_k, self.pool) and whole and self._fits(
-                self.cost(1 + whole[2] + whole[3], self._context) + SPIKE * self.drafting(self.deepest, self.top_k,
+        depth = min(self.deepest, (best[0] if best else 0) + 1)  # the probe: one level past the rule's choice,
+        probe = self.options.get((depth, self.top_k, self.pool))  # at the method's own top-k and pool
+        if (self.skipped >= wait and best != (depth, self.top_k, self.pool) and probe and self._fits(
+                self.cost(1 + probe[2] + probe[3], self._context) + SPIKE * self.drafting(depth, self.top_k,
                                                                                          self.behind), t1)):
             self.skipped = 0
-            return own, "explored"
+            return (None if depth >= self.deepest else depth, None, None), "explored"
         if best is None:
             return plain, "plain"
         d, w, a = best

@@ -253,3 +253,19 @@ def test_a_drafts_levels_are_learned_from_as_the_output_reaches_them():
     assert [p[-1] for p in planner._pending if len(p[0]) == 5] == [1]  # still pending, counted to depth 1
     planner.finish([7, 8, 9])
     assert planner.stats.counted == 1 and planner.stats.drafted[("sim", 1)] == 1
+
+
+def test_an_exploration_probes_one_level_past_what_the_rule_takes():
+    """Guesses never right: each exploration drafts one level (what it teaches, the first level's rate, is what
+    the rule would next take; a proposal teaches whether or not its guesses are verified), not the whole draft.
+    Guesses right half the time at 4 ms a level: depth 1 pays best, and explorations probe depth 2."""
+    clock = level_clock()
+    planner = calibrated(clock)
+    result = simulate(planner, 3000, 0.0, clock)
+    probes = [d for (d, _), why in zip(result.caps, planner.why, strict=True) if why == "explored"]
+    assert result.caps[0][0] == 5 and len(probes) > 3 and set(probes) == {1}
+    clock = level_clock(per_level=0.004)
+    planner = calibrated(clock)
+    result = simulate(planner, 3000, 0.5, clock)
+    probes = Counter(d for (d, _), why in zip(result.caps, planner.why, strict=True) if why == "explored")
+    assert probes.most_common(1)[0][0] == 2
