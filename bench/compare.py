@@ -84,6 +84,17 @@ from specbench.stores.naming import RANDOM_SUFFIX
 
 ENGINES = ("llama.cpp",)  # --engines: peer engines run beside ours (specbench.peers)
 ENGINE_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
+LINE = 0.97  # the speed line budget=auto is held to: at least this speedup, with an interval reaching 1.00
+
+
+def on_the_line(sp: dict[str, float]) -> str:
+    """``on`` when the speedup is at least :data:`LINE` and its interval's top reaches 1.00, read exactly (a top
+    of 0.996 prints as 1.00 and is off); ``-`` without an interval."""
+    if not sp["hi"] == sp["hi"]:  # NaN: one prompt, no interval
+        return "-"
+    return "on" if sp["speedup"] >= LINE and sp["hi"] >= 1.0 else "off"
+
+
 DEFAULT_METHODS = ["pld", "anpd", "lookahead-cpu", "lookahead", "spectra_core-cpu", "spectra_core"]
 DEFAULT_STORES = {"humaneval": "stdlib", "mbpp": "stdlib", "classeval": "stdlib", "mtbench": "chat", "gsm8k": "chat",
                   "spec_bench": "chat"}
@@ -331,11 +342,12 @@ def report(dtype: str, dataset: str, tallies: dict[str, Tally], greedy: bool = T
         modelled = (f"{(base.modelled_s / (base.tokens - base.n)) / (t.modelled_s / (t.tokens - t.n)):5.2f}x"
                     if t.modelled_s and base.modelled_s else "     -")  # decode steps only, as planned
         same = f"{t.match}/{t.n}" if greedy else "-"
+        line = on_the_line(sp) if name != engine_baseline(name) else "-"
         limit = (share_of_limit(t, base, tallies["oracle"], tallies["autoregressive"])
                  if "oracle" in tallies and name != engine_baseline(name) else "-")
         print(
             f"{dtype:9} {dataset:10} {name:30} {tau} {speedup:30} {limit:17} {t.tokens / t.seconds:7.1f}"
-            f" {sp['time_ratio']:5.2f}x {modelled} {mac} {mic} {width} {aux} {overhead} {share} {lookup}  {same}"
+            f" {sp['time_ratio']:5.2f}x {modelled} {mac} {mic} {width} {aux} {overhead} {share} {lookup}  {same:10} {line}"
         )
     for engine in ENGINES:
         ar, ours = tallies.get(f"{engine}:ar"), tallies["autoregressive"]
@@ -416,11 +428,12 @@ def main() -> None:
           "tok/s: Σ tokens ÷ Σ seconds, prefill included (a peer engine's: its server's own seconds); "
           "limit: the speedup ÷ the oracle's (--methods oracle: the true continuation drafted, as many tokens a "
           "step as pay most on the cost curve), [interval]; "
-          "time: Σ autoregressive s / Σ method s (the same figure only when outputs have equal lengths)")
+          "time: Σ autoregressive s / Σ method s (the same figure only when outputs have equal lengths); "
+          f"line: on when the speedup is ≥ {LINE} and its interval's top ≥ 1.00, read unrounded")
     print(
         f"{'dtype':9} {'dataset':10} {'method':30} {'τ':>5} {'speedup':30} {'limit':17} {'tok/s':>7} {'time':>6} "
         f"{'model':>6} {'Mac-TP':>7} "
-        f"{'Mic-TP':>7} {'q/fwd':>5} {'aux':>8} {'ms/stp':>6} {'draft%':>6} {'lookup':>6}  same as AR"
+        f"{'Mic-TP':>7} {'q/fwd':>5} {'aux':>8} {'ms/stp':>6} {'draft%':>6} {'lookup':>6}  same as AR line"
     )
     for dtype in args.dtypes:
         loaded = load_model(OmegaConf.merge(model_cfg, {"dtype": dtype}), hardware_cfg)

@@ -558,3 +558,17 @@ def test_compare_models_each_decode_step_at_its_context():
     plain = Tally()
     plain.add(rec, 1.0, True)
     assert plain.modelled_s == 0.0
+
+
+def test_compare_reads_the_speed_line_exactly():
+    """bench/compare.py's line column: at least 0.97× with an interval reaching 1.00, the top read unrounded."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from compare import on_the_line
+
+    assert on_the_line({"speedup": 0.98, "lo": 0.95, "hi": 1.0}) == "on"
+    assert on_the_line({"speedup": 0.98, "lo": 0.95, "hi": 0.996}) == "off"  # prints as 1.00
+    assert on_the_line({"speedup": 0.968, "lo": 0.9, "hi": 1.2}) == "off"
+    assert on_the_line({"speedup": 1.0, "lo": float("nan"), "hi": float("nan")}) == "-"
