@@ -347,7 +347,8 @@ def report(dtype: str, dataset: str, tallies: dict[str, Tally], greedy: bool = T
                  if "oracle" in tallies and name != engine_baseline(name) else "-")
         print(
             f"{dtype:9} {dataset:10} {name:30} {tau} {speedup:30} {limit:17} {t.tokens / t.seconds:7.1f}"
-            f" {sp['time_ratio']:5.2f}x {modelled} {mac} {mic} {width} {aux} {overhead} {share} {lookup}  {same:10} {line}"
+            f" {sp['time_ratio']:5.2f}x {modelled} {mac} {mic} {width} {aux} {overhead} {share} {lookup}"
+            f"  {same:10} {line}"
         )
     for engine in ENGINES:
         ar, ours = tallies.get(f"{engine}:ar"), tallies["autoregressive"]

@@ -181,7 +181,8 @@ def _third_party(path: Path) -> set[str]:
 def test_the_budget_decides_from_numbers_alone():
     """budget/ prices and decides; timing the machine (torch) lives in machine/, so the planner is tested
     without a model."""
-    heavy = {m: _third_party(p) & {"torch", "transformers"} for m, p in MODULES.items() if m.startswith("specbench.budget")}
+    heavy = {m: _third_party(p) & {"torch", "transformers"}
+             for m, p in MODULES.items() if m.startswith("specbench.budget")}
     assert not any(heavy.values()), heavy
     assert _third_party(MODULES["specbench.machine.costs"]) & {"torch"}  # the checker reads imports at all
 

@@ -99,6 +99,7 @@ class AcceptanceStats:
                         counts[key] *= 0.5
         return reach
 
+
 def node_scores(draft: Draft, stats: AcceptanceStats, name=lambda s: s) -> list[float]:
     """Each guess's chance of being accepted: its parent's times its rate (how often such a guess follows a
     right parent); siblings, at most one of which can follow, have their rates scaled down together when they

@@ -7,8 +7,8 @@ never pauses fits e = 0: a minimum-norm fit leaves a column of zeros out), a lea
 measured, each weighing as much as the last :data:`WINDOW` together (so the fit follows a machine's drift);
 a step that drafts nothing costs ``stopped`` (the drafter's update and the loop's bookkeeping), priced in the
 plain option. Under ``budget=auto`` the fit starts from the warm-up's measurement and goes on learning from the
-run; under ``budget=static`` it is a table stored once per machine and preset (:func:`specbench.machine.costs.table_path`) and never
-changes, so two runs make the same decisions.
+run; under ``budget=static`` it is a table stored once per machine and preset
+(:func:`specbench.machine.costs.table_path`) and never changes, so two runs make the same decisions.
 """
 
 from __future__ import annotations

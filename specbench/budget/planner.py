@@ -7,8 +7,8 @@ by :mod:`specbench.budget.acceptance`. Before the proposal it caps what the draf
 it, it keeps the best prefix of the guesses and the aux columns that pay. After ``EXPLORE_EVERY`` steps, one
 probes a level past the rule's choice, the wait doubled per plain step's worth probes (a first draft among them)
 lost. The regret (what drafting lost against plain decoding, in plain steps) stays within an allowance checked
-before every step: a cap, not a target. Under ``static`` drafting is priced from a stored table, never the clock. Outputs never change: a
-smaller draft is still a draft. docs/budget.md explains each part.
+before every step: a cap, not a target. Under ``static`` drafting is priced from a stored table, never the
+clock. Outputs never change: a smaller draft is still a draft. docs/budget.md explains each part.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from specbench.budget.drafting import WINDOW, DraftingCost
 from specbench.core.draft import Draft
 
 BUDGETS = ("fixed", "auto", "static", "replay")  # replay: a recorded run's decisions (specbench.budget.replay)
-EXPLORE_EVERY = 16  # steps away from the method's own draft before one takes it (doubled per step's worth lost)
+EXPLORE_EVERY = 16  # steps away from the method's own draft before a probe (doubled per step's worth lost)
 ALLOWANCE_SHARE = 0.01  # the regret stays within this share of the run's modelled time …
 ALLOWANCE_FLOOR = 2.0  # … plus this many plain steps: room for a first draft costing a step, at SPIKE
 SPIKE = 2.0  # an option's worst case counts its drafting at this multiple of the modelled seconds
@@ -95,7 +95,7 @@ class AutoBudget:
         self.deepest = self.top_k = self.pool = 0  # the method's own depth, top-k and pool width, as drafted
         self.regret = self.elapsed = 0.0  # in plain steps' worth of modelled time
         self.behind = 0  # tokens the drafter has not caught up on: the prompt (start), then plain steps' tokens
-        self.skipped = 0  # steps since the method's own draft
+        self.skipped = 0  # steps since the method's own draft or a probe
         self.explored = 0.0  # plain steps' worth the explorations lost since the rule last took its own draft
         self.why: list[str] = []  # per step (WHY)
         self.widths: list[int] = []  # per step: aux columns sent
