@@ -6,8 +6,9 @@ the forward priced by the cost curve, drafting by :class:`~specbench.budget.draf
 by :mod:`specbench.budget.acceptance`. Before the proposal it caps what the drafter drafts (0: no draft); after
 it, it keeps the best prefix of the guesses and the aux columns that pay. After ``EXPLORE_EVERY`` steps, one
 probes a level past the rule's choice, the wait doubled per plain step's worth probes (a first draft among them)
-lost. The regret (what drafting lost against plain decoding, in plain steps) stays within an allowance checked
-before every step: a cap, not a target. Under ``static`` drafting is priced from a stored table, never the
+lost since one last paid. A stopped step is bookkeeping: one look at the cost curve, none at the guesses.
+The regret (what drafting lost against plain decoding, in plain steps) stays within an allowance checked before
+every step: a cap, not a target. Under ``static`` drafting is priced from a stored table, never the
 clock. Outputs never change: a smaller draft is still a draft. docs/budget.md explains each part.
 """
 
@@ -96,7 +97,7 @@ class AutoBudget:
         self.regret = self.elapsed = 0.0  # in plain steps' worth of modelled time
         self.behind = 0  # tokens the drafter has not caught up on: the prompt (start), then plain steps' tokens
         self.skipped = 0  # steps since the method's own draft or a probe
-        self.explored = 0.0  # plain steps' worth the explorations lost since the rule last took its own draft
+        self.explored = 0.0  # plain steps' worth explorations lost since one paid or the rule took its own draft
         self.why: list[str] = []  # per step (WHY)
         self.widths: list[int] = []  # per step: aux columns sent
         self.kept: list[int] = []  # per step: guesses verified
@@ -105,6 +106,7 @@ class AutoBudget:
         self._context, self._drafted = 0, (0, 0)
         self._caps: tuple = (0, None, None)  # this step's depth, top-k and pool width (None: the method's own)
         self._need = float("inf")  # after a plain decision: the room the best option that did not fit needs
+        self._quiet = 0  # … and the steps skipped before which plain needs no second look (nothing to learn)
         self._own: Draft | None = None  # the last proposal of the method's own draft
         self.last_plan: tuple[list[int], int] = ([], 0)
         self.last_prediction: tuple[float, float] = (1.0, 0.0)
@@ -117,7 +119,7 @@ class AutoBudget:
         """A new dataset category: acceptance is learned afresh (a category's figures never depend on the order)."""
         self.stats.clear()
         self.options.clear()
-        self.skipped, self.explored = 0, 0.0
+        self.skipped, self.explored, self._quiet, self._need = 0, 0.0, 0, float("inf")
 
     def start(self, prompt_len: int) -> None:
         """A generation begins: the drafter has yet to catch up on its prompt, which its first draft pays for."""
@@ -142,16 +144,18 @@ class AutoBudget:
         return self._caps[1]
 
     def _decide(self) -> tuple[tuple, str]:
-        t1, own, plain = self.cost(1, self._context), (None, None, None), (0, None, None)
-        wait = EXPLORE_EVERY * 2 ** min(self.explored, 64)  # past 2⁶⁴ steps: never (and no overflow)
-        if self.why and self.why[-1] == "plain" and self.skipped < wait and self.regret + self._need > self.allowance():
+        own, plain = (None, None, None), (0, None, None)
+        if self.skipped < self._quiet and self.regret + self._need > self.allowance():
             return plain, "plain"  # nothing learned since, and no more room: plain until the next exploration
+        t1, wait = self.cost(1, self._context), EXPLORE_EVERY * 2 ** min(self.explored, 64)  # 2⁶⁴: never
         if not self.options:  # nothing measured: the method's own draft, if drafting it cannot break the cap
             own_cost = self.drafting(self.deepest or self.drafting.deepest or 1, self.top_k or self.drafting.widest,
                                      self.behind)
-            first = self._fits(t1 + SPIKE * own_cost, t1)
-            return (own, "first") if first else (plain, "plain")
-        best, top, self._need = None, (1.0 / (t1 + self.drafting.stopped),), float("inf")
+            if self._fits(t1 + SPIKE * own_cost, t1):
+                return own, "first"
+            self._need, self._quiet = SPIKE * own_cost / t1, float("inf")  # plain until the room is there
+            return plain, "plain"
+        best, top, self._need, self._quiet = None, (1.0 / (t1 + self.drafting.stopped),), float("inf"), 0
         for (d, w, a), (_, accepted, guesses, aux) in self.options.items():
             seconds = self.cost(1 + aux + guesses, self._context) + self.drafting(d, w, self.behind)
             rank = ((1 + accepted) / seconds, a, d, w)  # ties: the wider pool, then the deeper draft
@@ -169,9 +173,11 @@ class AutoBudget:
             self.skipped = 0
             return (None if depth >= self.deepest else depth, None, None), "explored"
         if best is None:
+            self._quiet = 0 if self._pending else wait  # until the next probe, or what the output shows
             return plain, "plain"
         d, w, a = best
-        return (None if d >= self.deepest else d, None if w >= self.top_k else w, None if a >= self.pool else a), "chosen"
+        caps = (None if d >= self.deepest else d, None if w >= self.top_k else w, None if a >= self.pool else a)
+        return caps, "chosen"
 
     def _calibration_step(self) -> tuple[tuple, str]:
         """The warm-up's schedule: the method's own draft first, then no draft, depth 1 and the deepest, at top-k
@@ -182,6 +188,16 @@ class AutoBudget:
 
     def plan(self, draft: Draft, tokens: list[int]) -> Draft:
         """The part of ``draft`` to verify after ``tokens`` (the sequence so far, its root last)."""
+        if self._caps[0] == 0:  # a stopped step: bookkeeping only (a drafter that proposed anyway is not sent)
+            if self._pending:
+                self._resolve(tokens)
+            self._context, self._drafted, self.last_plan = len(tokens), (0, 0), ([], 0)
+            self.last_prediction = (1.0, self.cost(1, self._context) + self.drafting.stopped)
+            self.widths.append(0)
+            self.kept.append(0)
+            self.proposed.append(len(draft))
+            self.skipped += 1
+            return draft if not len(draft) and not draft.n_aux else subdraft(draft, [], 0)
         width, keep, scores = self.choose(draft, tokens)
         self.last_prediction = (1.0 + sum(scores[i] for i in keep),
                                 self.cost(1 + aux_count(draft, width) + len(keep), self._context) + self._spent())
@@ -202,8 +218,8 @@ class AutoBudget:
         if self._caps[:2] == (None, None):  # the method's own draft: how deep, wide and large it is
             self.deepest, self.top_k = max(self.deepest, depth), max(self.top_k, draft.tree_width)
             self.pool = max(self.pool, full)
-        if self._caps[0] == 0 or self.calibrating:
-            return (0, [], []) if self._caps[0] == 0 else (full, list(range(len(draft))), [0.0] * len(draft))
+        if self.calibrating:
+            return full, list(range(len(draft))), [0.0] * len(draft)
         t1, spent = self.cost(1, self._context), self._spent()
         room = float("inf")  # the most a forced step's forward may take (drafting may reach SPIKE × the model)
         if self.why[-1] in ("first", "explored"):
@@ -242,19 +258,22 @@ class AutoBudget:
     def record(self, draft: Draft, accepted_nodes: list[int], draft_s: float = 0.0) -> None:
         """The step verified ``draft`` (as planned) and accepted ``accepted_nodes`` after ``draft_s`` seconds of
         drafting and planning: the run's time, the regret and (under ``auto``) drafting's cost."""
-        t1 = self.cost(1, self._context)
+        t1, drafted = self.cost(1, self._context), self._caps[0] != 0
+        if not drafted:  # a stopped step: a plain forward and what the drafter's check cost
+            if not self.drafting.frozen:
+                self.drafting.observe(0, None, draft_s)
+            self.behind += 1 + len(accepted_nodes)
+            self.elapsed += 1 + (self.drafting.stopped if self.static else draft_s) / t1
+            return
         forward = self.cost(1 + len(draft) + draft.n_aux, self._context)
-        drafted = self._caps[0] != 0
         if not self.drafting.frozen:
-            self.drafting.observe(self._drafted[0] if drafted else 0, self._drafted[1], draft_s, self.behind)
+            self.drafting.observe(*self._drafted, draft_s, self.behind)
         spent = self._spent() if self.static else draft_s
-        self.behind = 0 if drafted else self.behind + 1 + len(accepted_nodes)
-        self.elapsed += (forward + spent) / t1
-        if drafted:
-            loss = (forward + spent - (1 + len(accepted_nodes)) * t1) / t1
-            self.regret += loss
-            if self.why[-1] in ("first", "explored"):  # a first draft is the first exploration
-                self.explored += max(loss, 0.0)
+        self.behind, self.elapsed = 0, self.elapsed + (forward + spent) / t1
+        loss = (forward + spent - (1 + len(accepted_nodes)) * t1) / t1
+        self.regret += loss
+        if self.why[-1] in ("first", "explored"):  # a first draft is the first exploration; one that pays
+            self.explored = self.explored + loss if loss > 0 else 0.0  # starts the waits over
 
     def _weigh(self, draft: Draft, spent: float, caps: tuple = (None, None)) -> dict[int, tuple]:
         """Each pool width of ``draft``: the guesses worth verifying beside it (none past ``caps``), their scores,

@@ -270,3 +270,38 @@ def test_an_exploration_probes_one_level_past_what_the_rule_takes():
     result = simulate(planner, 3000, 0.5, clock)
     probes = Counter(d for (d, _), why in zip(result.caps, planner.why, strict=True) if why == "explored")
     assert probes.most_common(1)[0][0] == 2
+
+
+def test_an_exploration_that_pays_starts_the_waits_over():
+    """Guesses never right for 400 steps (the wait between probes grows to ~52 steps with what they lose), then
+    right 90% of the time: each probe that pays sets the wait back to ``EXPLORE_EVERY``, so the acceptance
+    model is taught every 16 steps and the method's own depth is drafted within three grown waits (about 130
+    steps; about 250 while only the rule's taking the method's own draft started the waits over)."""
+    clock = level_clock()
+    planner = calibrated(clock)
+    simulate(planner, 400, 0.0, clock)
+    grown = EXPLORE_EVERY * 2 ** planner.explored
+    assert grown > 3 * EXPLORE_EVERY
+    result = simulate(planner, 400, 0.9, clock, seed=1)
+    assert [d for d, _ in result.caps].index(5) < 3 * grown
+
+
+def test_a_stopped_step_prices_one_forward():
+    """While drafting is off a step is bookkeeping: after the first step's decision, the decision, the plan and
+    the record ask the cost curve twice between them, and a proposal the drafter made anyway is not sent."""
+    calls = []
+
+    class Counted(CostModel):
+        def __call__(self, q, context=0, batch=1):
+            calls.append(q)
+            return super().__call__(q, context, batch)
+
+    never = DraftingCost.from_dict({"coef": [10.0, 0.0, 0.0], "stopped": 1e-4}, frozen=True)
+    planner = AutoBudget(Counted(CPU.qs, CPU.contexts, CPU.seconds), drafting=never, static=True)
+    for step in range(40):
+        calls.clear()
+        assert planner.cap() == 0
+        planned = planner.plan(Draft.chain([1, 2, 3], "sim"), list(range(10 + step)))
+        planner.record(planned, [])
+        assert len(planned) == 0 and len(calls) <= (3 if step == 0 else 2) and planner.why[-1] == "plain"
+    assert planner.regret == 0 and planner.elapsed == pytest.approx(40 * (1 + 1e-4 / 0.020))
