@@ -148,6 +148,7 @@ class AutoBudget:
         if self.skipped < self._quiet and self.regret + self._need > self.allowance():
             return plain, "plain"  # nothing learned since, and no more room: plain until the next exploration
         t1, wait = self.cost(1, self._context), EXPLORE_EVERY * 2 ** min(self.explored, 64)  # 2⁶⁴: never
+        self._need, self._quiet = float("inf"), 0
         if not self.options:  # nothing measured: the method's own draft, if drafting it cannot break the cap
             own_cost = self.drafting(self.deepest or self.drafting.deepest or 1, self.top_k or self.drafting.widest,
                                      self.behind)
@@ -155,7 +156,7 @@ class AutoBudget:
                 return own, "first"
             self._need, self._quiet = SPIKE * own_cost / t1, float("inf")  # plain until the room is there
             return plain, "plain"
-        best, top, self._need, self._quiet = None, (1.0 / (t1 + self.drafting.stopped),), float("inf"), 0
+        best, top = None, (1.0 / (t1 + self.drafting.stopped),)
         for (d, w, a), (_, accepted, guesses, aux) in self.options.items():
             seconds = self.cost(1 + aux + guesses, self._context) + self.drafting(d, w, self.behind)
             rank = ((1 + accepted) / seconds, a, d, w)  # ties: the wider pool, then the deeper draft

@@ -305,3 +305,17 @@ def test_a_stopped_step_prices_one_forward():
         planner.record(planned, [])
         assert len(planned) == 0 and len(calls) <= (3 if step == 0 else 2) and planner.why[-1] == "plain"
     assert planner.regret == 0 and planner.elapsed == pytest.approx(40 * (1 + 1e-4 / 0.020))
+
+
+def test_a_first_draft_that_waits_for_room_leaves_no_stale_wait_behind():
+    """A draft costing more than the allowance's two plain steps at its worst case (12 ms + 2 ms a level, 44 ms
+    at SPIKE against a 20 ms step) waits for the run's 1% to grow the room (20 steps); once taken, drafting that
+    pays (80% of guesses right) is decided afresh every step, not held plain by the room the first draft
+    needed: over five texts under 30% of the steps plain (44% while that room outlived the first draft)."""
+    clock, plain = level_clock(base=0.012), 0
+    for seed in range(5):
+        planner = calibrated(clock)
+        simulate(planner, 400, 0.8, clock, seed=seed)
+        assert planner.why.index("first") == 20
+        plain += Counter(planner.why)["plain"]
+    assert plain < 0.3 * 5 * 400
