@@ -37,7 +37,9 @@ autoregressive ones, the model column then compares budgets under bf16 costs on 
 ``<preset>:norefine`` reads the unrefined store; ``<preset>:random`` reads the refined store's
 control, as many pieces drawn at random from the same subset (``python -m specbench.datastore
 refine --select random``), so that refinement is compared at a matched store size. The lookup time per
-step and each store's size and build time are printed too.
+step and each store's size and build time are printed too. ``autoregressive:fixed`` is a second
+autoregressive run measured as a method: the null control, what the speed line reads for a method that
+costs nothing on these prompts and repeats.
 
     python bench/compare.py --data gsm8k=/path/gsm8k_test.jsonl
     python bench/compare.py --temperature 1 --repeats 3 --prompts 5 --methods pld spectra_core-cpu

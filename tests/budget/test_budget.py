@@ -572,3 +572,21 @@ def test_compare_reads_the_speed_line_exactly():
     assert on_the_line({"speedup": 0.98, "lo": 0.95, "hi": 0.996}) == "off"  # prints as 1.00
     assert on_the_line({"speedup": 0.968, "lo": 0.9, "hi": 1.2}) == "off"
     assert on_the_line({"speedup": 1.0, "lo": float("nan"), "hi": float("nan")}) == "-"
+
+
+def test_compare_measures_a_second_autoregressive_run_as_the_null_control(tiny_llama):
+    """``autoregressive:fixed`` in bench/compare.py: a second autoregressive run, timed and tallied apart from the
+    baseline (its own generations, the same tokens), so the speed line can be read for a method that costs
+    nothing."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from compare import bench, preset
+
+    assert preset("autoregressive:fixed")[0::2] == ("autoregressive", "fixed")
+    prompts = [[1, 5, 9, 4], [2, 7, 3, 3, 8]]
+    tallies = bench(tiny_llama, prompts, ["autoregressive:fixed"], 6, cost=FLAT, hf_pld=False, repeats=2)
+    base, null = tallies["autoregressive"], tallies["autoregressive:fixed"]
+    assert base is not null and len(null.runs) == len(base.runs) == 4 and null.match == 4
+    assert [r[:3] for r in null.runs] == [r[:3] for r in base.runs]  # (prompt, repeat, tokens): its own timings
