@@ -192,13 +192,9 @@ class AutoBudget:
         if self._caps[0] == 0:  # a stopped step: bookkeeping only (a drafter that proposed anyway is not sent)
             if self._pending:
                 self._resolve(tokens)
-            self._context, self._drafted, self.last_plan = len(tokens), (0, 0), ([], 0)
+            self._context, self._drafted = len(tokens), (0, 0)
             self.last_prediction = (1.0, self.cost(1, self._context) + self.drafting.stopped)
-            self.widths.append(0)
-            self.kept.append(0)
-            self.proposed.append(len(draft))
-            self.skipped += 1
-            return draft if not len(draft) and not draft.n_aux else subdraft(draft, [], 0)
+            return self.settle(draft, tokens, 0, [])
         width, keep, scores = self.choose(draft, tokens)
         self.last_prediction = (1.0 + sum(scores[i] for i in keep),
                                 self.cost(1 + aux_count(draft, width) + len(keep), self._context) + self._spent())
