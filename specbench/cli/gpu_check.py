@@ -37,6 +37,13 @@ def _fmt(value: float, digits: int = 1) -> str:
     return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
 
 
+def _spread(row: dict, what: str, digits: int = 1) -> str:
+    """``row``'s median ms per step of ``what`` and, where it was timed in rounds, their range."""
+    low, high = row.get(f"{what}_range") or (None, None)
+    median = _fmt(row[f"{what}_ms"], digits)
+    return median if low is None else f"{median} [{_fmt(low, digits)}, {_fmt(high, digits)}]"
+
+
 def render(result: dict, environment: str) -> str:
     lines = [f"# gpu-check on {environment}", "", "| check | model | dtype | result | detail |",
              "|---|---|---|---|---|"]
@@ -46,8 +53,12 @@ def render(result: dict, environment: str) -> str:
         lines += ["", "| model | layers | method | τ | draft ms/step | forward ms/step | host syncs/step | peak GB |",
                   "|---|---|---|---|---|---|---|---|"]
     for r in result["speed"]:
-        lines.append(f"| {r['model']} | {r['layers']} | {r['method']} | {r['tau']:.2f} | {_fmt(r['draft_ms'], 2)} | "
-                     f"{_fmt(r['forward_ms'])} | {_fmt(r['syncs'])} | {_fmt(r['peak_gb'])} |")
+        lines.append(f"| {r['model']} | {r['layers']} | {r['method']} | {r['tau']:.2f} | "
+                     f"{_spread(r, 'draft', 2)} | {_spread(r, 'forward')} | {_fmt(r['syncs'])} | {_fmt(r['peak_gb'])} |")
+    if result["speed"]:
+        rounds = max(r.get("rounds", 1) for r in result["speed"])
+        lines += ["", f"ms per step: the median of {rounds} rounds [their least, their most]; each round decodes one "
+                  "prompt with every method, in an order reversed every other round"]
     for model, curve in result["curves"].items():
         lines += ["", f"cost curve, {model} (t(q) per verification, forward and compaction):", curve.table()]
     if result.get("stages"):
@@ -113,7 +124,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--layers", type=int, default=4, help="layers of the correctness models (full width)")
     ap.add_argument("--speed-layers", type=int, default=32, help="layers of the speed models")
     ap.add_argument("--tokens", type=int, default=16, help="new tokens per prompt in the method checks")
-    ap.add_argument("--speed-tokens", type=int, default=32, help="new tokens per prompt in the speed table")
+    ap.add_argument("--speed-tokens", type=int, default=24,
+                    help="new tokens per prompt in each round of the speed table")
     ap.add_argument("--long-context", type=int, default=LONG_CONTEXT, help="tokens of the long prompt's checks")
     ap.add_argument("--models", nargs="+", choices=tuple(SHAPES), help="only these shapes (default: both)")
     ap.add_argument("--dtypes", nargs="+", choices=tuple(DTYPES), help="only these dtypes (default: all three)")

@@ -6,6 +6,7 @@ step's syncs against its method's ceiling, greedy and at T = 1."""
 from __future__ import annotations
 
 import os
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -15,39 +16,44 @@ from specbench.core.acceptance import SamplingParams
 from specbench.core.decode import generate
 from specbench.core.forward import Target
 from specbench.run.gpu_models import Row, drafters
+from specbench.run.gpu_stages import ROUNDS
 from specbench.run.syncs import ceilings, judge, step_syncs
 
 
 def speed(target: Target, model_name: str, texts: list[list[int]], new_tokens: int, workdir: Path,
-          cost_qs=None, only: tuple[str, ...] | None = None, heads: Path | None = None) -> tuple[Any, list[dict[str, Any]]]:
+          cost_qs=None, only: tuple[str, ...] | None = None, heads: Path | None = None,
+          rounds: int = ROUNDS) -> tuple[Any, list[dict[str, Any]]]:
     """The cost curve and, per method (or those ``only`` names), τ, draft and forward ms per step and peak memory,
-    timed with nothing else on (host syncs are counted apart, in :func:`check_syncs`). The baseline is timed
-    first and again last: the two differ by the machine's drift over the table."""
+    timed with nothing else on (host syncs are counted apart, in :func:`check_syncs`). Timed in ``rounds``: each
+    round decodes one prompt (in turn) with every method, in an order reversed every other round, so that a drift
+    of the machine (its clocks, a neighbour, a first use) falls on every method alike; each row holds the median of
+    its rounds' ms per step and their range."""
     from specbench.machine.costs import QS, measure
 
     vocab = target.model.config.vocab_size
     makers = drafters(target, vocab, workdir, texts, only=only, heads=heads)  # writes the random heads (GBs) ...
     os.sync()  # ... and flushes them, so that no disk writeback competes with the timing below
     curve = measure(target, vocab, qs=cost_qs or QS, context_length=target.model.config.max_position_embeddings)
-    order = ["autoregressive", *[n for n in makers if n != "autoregressive"], "autoregressive"]
+    names = ["autoregressive", *[n for n in makers if n != "autoregressive"]]
+    for name in names:
+        generate(target, makers[name](), texts[0], max_new_tokens=8)  # warm-up
+    runs: dict[str, list[tuple[int, int, float, float, float]]] = {n: [] for n in names}
+    for r in range(rounds):
+        prompt = texts[r % len(texts)]
+        for name in names if r % 2 == 0 else names[::-1]:
+            target.reset_peak_memory()
+            rec = generate(target, makers[name](), prompt, max_new_tokens=new_tokens)
+            draft = sum(rec.step_draft_s[1:])  # the first step is the prefill's
+            steps = max(rec.steps - 1, 1)
+            runs[name].append((rec.new_tokens, rec.steps, 1000 * draft / steps,
+                               1000 * (sum(rec.step_times[1:]) - draft) / steps, target.peak_memory_gb()))
     rows = []
-    for i, name in enumerate(order):
-        make = makers[name]
-        generate(target, make(), texts[0], max_new_tokens=8)  # warm-up
-        target.reset_peak_memory()
-        steps = tokens = 0
-        draft_s = forward_s = 0.0
-        for prompt in texts:
-            rec = generate(target, make(), prompt, max_new_tokens=new_tokens)
-            steps += rec.steps
-            tokens += rec.new_tokens
-            draft_s += sum(rec.step_draft_s[1:])
-            forward_s += sum(rec.step_times[1:]) - sum(rec.step_draft_s[1:])
-        decode_steps = max(steps - len(texts), 1)
-        rows.append({"model": model_name, "method": name + (" (again, last)" if i == len(order) - 1 else ""),
-                     "tau": tokens / steps, "draft_ms": 1000 * draft_s / decode_steps,
-                     "forward_ms": 1000 * forward_s / decode_steps, "syncs": float("nan"),
-                     "peak_gb": target.peak_memory_gb()})
+    for name in names:
+        tokens, steps, draft_ms, forward_ms, peak = zip(*runs[name], strict=True)
+        rows.append({"model": model_name, "method": name, "tau": sum(tokens) / sum(steps),
+                     "draft_ms": statistics.median(draft_ms), "forward_ms": statistics.median(forward_ms),
+                     "draft_range": [min(draft_ms), max(draft_ms)], "forward_range": [min(forward_ms), max(forward_ms)],
+                     "rounds": len(forward_ms), "syncs": float("nan"), "peak_gb": max(peak)})
     return curve, rows
 
 

@@ -3,7 +3,7 @@ under a deadline (a lent GPU gives one command ten minutes) starts only the stag
 and names the rest.
 
 The order puts each kind of check on both shapes before the next kind: fp32 (exact losslessness) first, then
-fp16, bf16 and the speed table. The expected seconds come from a run on one H100 (:data:`H100_SECONDS`), scaled
+fp16, bf16 and the speed table. The expected seconds come from runs on one H100 (:data:`H100_SECONDS`), scaled
 by the tokens each stage decodes and, once stages have finished, by how the finished ones compared with their
 estimates (a slower host, a larger vocabulary)."""
 
@@ -12,16 +12,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+ROUNDS = 3  # the speed table's rounds of one prompt each (specbench.run.gpu_speed)
+
 Row = tuple[str, str, str, bool, str]
 KINDS = ("fp32", "fp16", "bf16", "speed")
 
-# Seconds per stage of the Llama-2-7B shape on one H100 80GB HBM3 (2026-11-27, driver 580.159.04, torch 2.11), at
-# 32 new tokens per prompt in the correctness stages and 24 in the speed table with 24 per sync count; fp16
-# includes 39 s of device_map (save, two loads, the CPU split), which does not shrink with the tokens.
-H100_SECONDS = {"plan": 1.0, "sdpa": 7.0, "fp32": 74.0, "fp16": 157.0, "bf16": 76.0, "speed": 208.0}
-H100_TOKENS = {"fp32": 32, "fp16": 32, "bf16": 32, "speed": 24 + 2 * 24}
-FIXED = {"fp16": 39.0, "speed": 20.0}  # device_map's loads; the cost curve
-SHAPE_FACTOR = {"llama2-7b": 1.0, "llama3-8b": 1.3}  # 4× the vocabulary, grouped-query heads: a guess until measured
+# Seconds per stage measured on one H100 80GB HBM3 (driver 580.159.04, torch 2.11) and the new tokens per prompt
+# they decoded: the Llama-2-7B shape's correctness stages at 32 (2026-11-27, a2116bb), the Llama-3-8B shape's at
+# the defaults, 16, and the Llama-2-7B speed stage at 2 prompts × 32 + 2 × 12 with two methods profiled (2026-11-27, 0f181d5).
+# FIXED is what does not shrink with the tokens: device_map's save and loads (fp16); the heads and the cost curve.
+H100_SECONDS = {"plan": 1.0, "sdpa": 7.0, "llama2-7b-fp32": 74.0, "llama2-7b-fp16": 157.0, "llama2-7b-bf16": 76.0,
+                "llama2-7b-speed": 301.0, "llama3-8b-fp32": 81.0, "llama3-8b-fp16": 129.0, "llama3-8b-bf16": 65.0}
+H100_TOKENS = {"llama2-7b-fp32": 32, "llama2-7b-fp16": 32, "llama2-7b-bf16": 32, "llama2-7b-speed": 2 * 32 + 2 * 12,
+               "llama3-8b-fp32": 16, "llama3-8b-fp16": 16, "llama3-8b-bf16": 16}
+FIXED = {"fp16": 39.0, "speed": 40.0}
+SHAPE_FACTOR = {"llama3-8b": 1.3}  # a stage of this shape not yet measured: the Llama-2-7B one's seconds × this
 
 
 @dataclass
@@ -65,13 +70,16 @@ def plan_stages(shapes: list[str], dtypes: tuple[str, ...] | None = None,
 
 
 def estimate(stage: Stage, tokens: int, speed_tokens: int, sync_tokens: int) -> float:
-    """The seconds ``stage`` is expected to take on one H100 at these token counts (see :data:`H100_SECONDS`)."""
-    base = H100_SECONDS[stage.kind]
+    """The seconds ``stage`` is expected to take on one H100 at these token counts (see :data:`H100_SECONDS`): its
+    own measurement, else the Llama-2-7B shape's scaled by :data:`SHAPE_FACTOR`."""
     if stage.kind in ("plan", "sdpa"):
-        return base
-    fixed = FIXED.get(stage.kind, 0.0)
-    used = speed_tokens + 2 * sync_tokens if stage.kind == "speed" else tokens
-    return (fixed + (base - fixed) * used / H100_TOKENS[stage.kind]) * SHAPE_FACTOR.get(stage.model, 1.0)
+        return H100_SECONDS[stage.kind]
+    name, factor = stage.name, 1.0
+    if name not in H100_SECONDS:
+        name, factor = f"llama2-7b-{stage.kind}", SHAPE_FACTOR.get(stage.model, 1.0)
+    base, fixed = H100_SECONDS[name], FIXED.get(stage.kind, 0.0)
+    used = ROUNDS * speed_tokens + 2 * sync_tokens if stage.kind == "speed" else tokens
+    return (fixed + (base - fixed) * used / H100_TOKENS[name]) * factor
 
 
 def pace(done: list[Stage], estimates: dict[str, float]) -> float:

@@ -200,7 +200,9 @@ def test_every_check_passes_on_a_simulated_gpu():
     syncs = [r for r in result["checks"] if r[0].startswith("host syncs")]
     assert all(f"{len(SIM_METHODS) + 1} methods" in r[4] for r in syncs), syncs  # every method counted, both ways
     assert all(r["syncs"] >= 1 for r in result["speed"])  # counted from the sync debug mode's warnings
-    assert {r["method"] for r in result["speed"]} == {"autoregressive", *SIM_METHODS, "autoregressive (again, last)"}
+    assert {r["method"] for r in result["speed"]} == {"autoregressive", *SIM_METHODS}
+    assert all(r["rounds"] == 3 and r["forward_range"][0] <= r["forward_ms"] <= r["forward_range"][1]
+               for r in result["speed"])
     assert "llama3-8b, K/V repeated (hardware.gqa=repeat)" in result["curves"]
 
 
@@ -267,7 +269,7 @@ def test_stages_run_kind_by_kind_over_both_shapes_and_a_deadline_skips_what_woul
 
     order = [st.name for st in gpu_check.plan_stages(tiny=True)]
     assert order[:4] == ["plan", "sdpa", "llama2-7b-fp32", "llama3-8b-fp32"] and order[-1] == "llama3-8b-speed"
-    monkeypatch.setitem(gpu_stages.H100_SECONDS, "fp16", 1e9)  # fp16 would never end in time
+    monkeypatch.setitem(gpu_stages.H100_SECONDS, "llama3-8b-fp16", 1e9)  # fp16 would never end in time
     cli.main(["--device", "cpu", "--tiny", "--layers", "2", "--tokens", "4", "--long-context", "64",
               "--models", "llama3-8b", "--methods", "pld", "--stages", "fp32", "fp16", "bf16",
               "--deadline", "300", "--out", str(tmp_path)])
@@ -283,10 +285,13 @@ def test_a_stages_estimate_scales_with_its_tokens_and_the_pace_of_the_stages_bef
     from specbench.run.gpu_stages import FIXED, H100_SECONDS, Stage, estimate, pace
 
     fp16 = Stage("llama2-7b", "fp16")
-    assert estimate(fp16, 32, 24, 24) == pytest.approx(H100_SECONDS["fp16"])
+    assert estimate(fp16, 32, 24, 24) == pytest.approx(H100_SECONDS["llama2-7b-fp16"])
     half = estimate(fp16, 16, 24, 24)
-    assert half == pytest.approx(FIXED["fp16"] + (H100_SECONDS["fp16"] - FIXED["fp16"]) / 2)
-    assert estimate(Stage("llama3-8b", "fp16"), 16, 24, 24) > half
+    assert half == pytest.approx(FIXED["fp16"] + (H100_SECONDS["llama2-7b-fp16"] - FIXED["fp16"]) / 2)
+    assert estimate(Stage("llama3-8b", "fp16"), 16, 24, 24) == pytest.approx(H100_SECONDS["llama3-8b-fp16"])
+    speed = estimate(Stage("llama2-7b", "speed"), 32, 64 / 3, 12)  # measured at 2 x 32 + 2 x 12 tokens
+    assert speed == pytest.approx(H100_SECONDS["llama2-7b-speed"])
+    assert estimate(Stage("llama3-8b", "speed"), 32, 64 / 3, 12) == pytest.approx(1.3 * speed)  # not measured: scaled
     done = Stage("llama2-7b", "fp32", seconds=30.0)
     assert pace([], {}) == 1.0 and pace([done], {"llama2-7b-fp32": 60.0}) == pytest.approx(0.5)
 
