@@ -3,7 +3,7 @@
 One rule decides every step: among no draft and the drafter's options (a depth cap, a tree's top-k, a pool
 width), the best expected tokens per second, (1 + expected accepted) / (forward seconds + drafting seconds),
 the forward priced by the cost curve, drafting by :class:`~specbench.budget.drafting.DraftingCost`, acceptance
-by :mod:`specbench.budget.acceptance`. Before the proposal it caps what the drafter drafts (0: no draft); after
+by :mod:`specbench.budget.acceptance`, scaled by the run's accepted over expected guesses. Before the proposal it caps what the drafter drafts (0: no draft); after
 it, it keeps the best prefix of the guesses and the aux columns that pay. After ``EXPLORE_EVERY`` steps, one
 probes a level past the rule's choice, the wait doubled per plain step's worth probes (a first draft among them)
 lost since one last paid. A stopped step is bookkeeping: one look at the cost curve, none at the guesses.
@@ -26,6 +26,8 @@ EXPLORE_EVERY = 16  # steps away from the method's own draft before a probe (dou
 ALLOWANCE_SHARE = 0.01  # the regret stays within this share of the run's modelled time …
 ALLOWANCE_FLOOR = 2.0  # … plus this many plain steps: room for a first draft costing a step, at SPIKE
 SPIKE = 2.0  # an option's worst case counts its drafting at this multiple of the modelled seconds
+TRUST = 8.0  # guesses expected and accepted alike that the realism starts from: one bad draft moves it little
+FADE = 1 - 1 / WINDOW  # what each step keeps of the realism's record: the last ~32 steps, so a low one recovers
 WHY = ("first", "chosen", "explored", "plain", "calibrating")  # what decided a step (AutoBudget.why)
 
 
@@ -108,6 +110,9 @@ class AutoBudget:
         self._need = float("inf")  # after a plain decision: the room the best option that did not fit needs
         self._quiet = 0  # … and the steps skipped before which plain needs no second look (nothing to learn)
         self._own: Draft | None = None  # the last proposal of the method's own draft
+        self.realized = [0.0, 0.0]  # guesses accepted on verified steps, and what the model expected (FADE)
+        self._scores: list[float] = []  # the step's guess scores (choose), and what the kept ones expect (settle)
+        self._bet = 0.0
         self.last_plan: tuple[list[int], int] = ([], 0)
         self.last_prediction: tuple[float, float] = (1.0, 0.0)
 
@@ -119,6 +124,7 @@ class AutoBudget:
         """A new dataset category: acceptance is learned afresh (a category's figures never depend on the order)."""
         self.stats.clear()
         self.options.clear()
+        self.realized = [0.0, 0.0]
         self.skipped, self.explored, self._quiet, self._need = 0, 0.0, 0, float("inf")
 
     def start(self, prompt_len: int) -> None:
@@ -127,6 +133,13 @@ class AutoBudget:
 
     def allowance(self) -> float:
         return ALLOWANCE_FLOOR + ALLOWANCE_SHARE * self.elapsed
+
+    @property
+    def realism(self) -> float:
+        """Guesses accepted over guesses expected on the steps verified so far (:data:`TRUST` of each to start):
+        what the acceptance model's scores are scaled by, since the steps it drafts are those whose estimates ran
+        high (the winner's curse) and bring fewer tokens than expected."""
+        return (self.realized[0] + TRUST) / (self.realized[1] + TRUST)
 
     def _fits(self, seconds: float, plain: float) -> bool:
         """Whether a step of ``seconds`` that brings one token keeps the regret within the allowance."""
@@ -216,7 +229,8 @@ class AutoBudget:
             self.deepest, self.top_k = max(self.deepest, depth), max(self.top_k, draft.tree_width)
             self.pool = max(self.pool, full)
         if self.calibrating:
-            return full, list(range(len(draft))), [0.0] * len(draft)
+            self._scores = [0.0] * len(draft)
+            return full, list(range(len(draft))), self._scores
         t1, spent = self.cost(1, self._context), self._spent()
         room = float("inf")  # the most a forced step's forward may take (drafting may reach SPIKE × the model)
         if self.why[-1] in ("first", "explored"):
@@ -234,11 +248,13 @@ class AutoBudget:
         keep, scores, fixed = per[width]
         if self.cost(fixed + len(keep), self._context) > room:  # cut to what still fits the allowance
             keep = best_prefix(scores, self.cost, fixed, self._context, spent, room)[0]
+        self._scores = scores
         return width, keep, scores
 
     def settle(self, draft: Draft, tokens: list[int], width: int, keep: list[int]) -> Draft:
         """The step verifies ``draft``'s guesses ``keep`` (parents first) and its first ``width`` aux columns."""
         self.last_plan = (list(keep), width)
+        self._bet = sum(self._scores[i] for i in keep) / self.realism if keep else 0.0
         if len(draft) and self._caps[0] != 0:
             self._pending.append((draft, len(tokens), width, draft.aux_width, 0))
         self.widths.append(width)
@@ -261,12 +277,14 @@ class AutoBudget:
                 self.drafting.observe(0, None, draft_s)
             self.behind += 1 + len(accepted_nodes)
             self.elapsed += 1 + (self.drafting.stopped if self.static else draft_s) / t1
+            self.realized = [FADE * self.realized[0], FADE * self.realized[1]]
             return
         forward = self.cost(1 + len(draft) + draft.n_aux, self._context)
         if not self.drafting.frozen:
             self.drafting.observe(*self._drafted, draft_s, self.behind)
         spent = self._spent() if self.static else draft_s
         self.behind, self.elapsed = 0, self.elapsed + (forward + spent) / t1
+        self.realized = [FADE * self.realized[0] + len(accepted_nodes), FADE * self.realized[1] + self._bet]
         loss = (forward + spent - (1 + len(accepted_nodes)) * t1) / t1
         self.regret += loss
         if self.why[-1] in ("first", "explored"):  # a first draft is the first exploration; one that pays
@@ -275,13 +293,13 @@ class AutoBudget:
     def _weigh(self, draft: Draft, spent: float, caps: tuple = (None, None)) -> dict[int, tuple]:
         """Each pool width of ``draft``: the guesses worth verifying beside it (none past ``caps``), their scores,
         its fixed block."""
-        full, depth = draft.aux_width, max(draft.depths(), default=0)
+        full, depth, real = draft.aux_width, max(draft.depths(), default=0), self.realism
         beyond = [d > (caps[0] or depth) or n > (caps[1] or n)  # drafted past its caps
                   for d, n in zip(draft.depths(), draft.needs or [1] * len(draft), strict=True)]
         per = {}
         for width in [0, *widths(full)] if full else [0]:
             scores = node_scores(draft, self.stats, lambda s, w=width: fed(s, self.aux_feeds, w, full))
-            scores = [0.0 if past else x for x, past in zip(scores, beyond, strict=True)]
+            scores = [0.0 if past else x * real for x, past in zip(scores, beyond, strict=True)]
             fixed = 1 + aux_count(draft, width)
             per[width] = (best_prefix(scores, self.cost, fixed, self._context, spent)[0], scores, fixed)
         return per

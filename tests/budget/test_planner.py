@@ -59,6 +59,20 @@ def test_drafting_that_never_pays_stays_within_the_allowance_through_spikes_and_
     assert why["plain"] > 0.99 * steps and planner.regret < 0.005 * planner.elapsed
 
 
+def test_scores_are_scaled_by_what_the_run_accepted_of_what_the_model_expected():
+    """Where the acceptance model is right the realism stays near 1; a run that accepted nothing of what the
+    model expected mostly decodes plainly (the options' means catch up within a few steps); the record fades step
+    by step, so within ~150 steps the planner drafts again."""
+    clock = level_clock()
+    planner = calibrated(clock)
+    simulate(planner, 2000, 0.8, clock)
+    assert 0.9 < planner.realism < 1.1 and planner.realized[1] > 50
+    planner.realized = [0.0, 1000.0]  # the model expected 1,000 guesses the run never accepted
+    simulate(planner, 3000, 0.8, clock, seed=1)
+    why = planner.why[2000:]  # the second run
+    assert Counter(why[:100])["plain"] > 60 and Counter(why[200:300])["chosen"] > 90
+
+
 def test_drafting_that_pays_drafts_nearly_every_step():
     """Guesses right 80% of the time, over five texts: nearly every step drafts. One text (seed 0) opens with its
     first three first-level guesses wrong (a 1-in-125 start), and waits for two explorations to draft again."""
