@@ -54,7 +54,8 @@ def render(result: dict, environment: str) -> str:
                   "|---|---|---|---|---|---|---|---|"]
     for r in result["speed"]:
         lines.append(f"| {r['model']} | {r['layers']} | {r['method']} | {r['tau']:.2f} | "
-                     f"{_spread(r, 'draft', 2)} | {_spread(r, 'forward')} | {_fmt(r['syncs'])} | {_fmt(r['peak_gb'])} |")
+                     f"{_spread(r, 'draft', 2)} | {_spread(r, 'forward')} | {_fmt(r['syncs'])} | "
+                     f"{_fmt(r['peak_gb'])} |")
     if result["speed"]:
         rounds = max(r.get("rounds", 1) for r in result["speed"])
         lines += ["", f"ms per step: the median of {rounds} rounds [their least, their most]; each round decodes one "

@@ -19,7 +19,8 @@ KINDS = ("fp32", "fp16", "bf16", "speed")
 
 # Seconds per stage measured on one H100 80GB HBM3 (driver 580.159.04, torch 2.11) and the new tokens per prompt
 # they decoded: the Llama-2-7B shape's correctness stages at 32 (2026-11-27, a2116bb), the Llama-3-8B shape's at
-# the defaults, 16, and the Llama-2-7B speed stage at 2 prompts × 32 + 2 × 12 with two methods profiled (2026-11-27, 0f181d5).
+# the defaults, 16, and the Llama-2-7B speed stage at 2 prompts × 32 + 2 × 12 with two methods profiled
+# (2026-11-27, 0f181d5).
 # FIXED is what does not shrink with the tokens: device_map's save and loads (fp16); the heads and the cost curve.
 H100_SECONDS = {"plan": 1.0, "sdpa": 7.0, "llama2-7b-fp32": 74.0, "llama2-7b-fp16": 157.0, "llama2-7b-bf16": 76.0,
                 "llama2-7b-speed": 301.0, "llama3-8b-fp32": 81.0, "llama3-8b-fp16": 129.0, "llama3-8b-bf16": 65.0}
