@@ -19,15 +19,14 @@ KINDS = ("fp32", "fp16", "bf16", "speed")
 
 # Seconds per stage measured on one H100 80GB HBM3 (driver 580.159.04, torch 2.11) and the new tokens per prompt
 # they decoded: the Llama-2-7B shape's correctness stages at 32 (2026-11-27, a2116bb), the Llama-3-8B shape's at
-# the defaults, 16, and the Llama-2-7B speed stage at 2 prompts × 32 + 2 × 12 with two methods profiled
-# (2026-11-27, 0f181d5).
+# the defaults, 16, and both speed stages at 3 rounds × 24 + 2 × 12 with two methods profiled (2026-11-27, b228431).
 # FIXED is what does not shrink with the tokens: device_map's save and loads (fp16); the heads and the cost curve.
 H100_SECONDS = {"plan": 1.0, "sdpa": 7.0, "llama2-7b-fp32": 74.0, "llama2-7b-fp16": 157.0, "llama2-7b-bf16": 76.0,
-                "llama2-7b-speed": 301.0, "llama3-8b-fp32": 81.0, "llama3-8b-fp16": 129.0, "llama3-8b-bf16": 65.0}
-H100_TOKENS = {"llama2-7b-fp32": 32, "llama2-7b-fp16": 32, "llama2-7b-bf16": 32, "llama2-7b-speed": 2 * 32 + 2 * 12,
-               "llama3-8b-fp32": 16, "llama3-8b-fp16": 16, "llama3-8b-bf16": 16}
+                "llama2-7b-speed": 200.0, "llama3-8b-fp32": 81.0, "llama3-8b-fp16": 129.0, "llama3-8b-bf16": 65.0,
+                "llama3-8b-speed": 299.0}
+H100_TOKENS = {"llama2-7b-fp32": 32, "llama2-7b-fp16": 32, "llama2-7b-bf16": 32, "llama2-7b-speed": 3 * 24 + 2 * 12,
+               "llama3-8b-fp32": 16, "llama3-8b-fp16": 16, "llama3-8b-bf16": 16, "llama3-8b-speed": 3 * 24 + 2 * 12}
 FIXED = {"fp16": 39.0, "speed": 40.0}
-SHAPE_FACTOR = {"llama3-8b": 1.3}  # a stage of this shape not yet measured: the Llama-2-7B one's seconds × this
 
 
 @dataclass
@@ -71,16 +70,13 @@ def plan_stages(shapes: list[str], dtypes: tuple[str, ...] | None = None,
 
 
 def estimate(stage: Stage, tokens: int, speed_tokens: int, sync_tokens: int) -> float:
-    """The seconds ``stage`` is expected to take on one H100 at these token counts (see :data:`H100_SECONDS`): its
-    own measurement, else the Llama-2-7B shape's scaled by :data:`SHAPE_FACTOR`."""
+    """The seconds ``stage`` is expected to take on one H100 at these token counts: its own measurement
+    (:data:`H100_SECONDS`) scaled by the tokens it decodes beyond its fixed part."""
     if stage.kind in ("plan", "sdpa"):
         return H100_SECONDS[stage.kind]
-    name, factor = stage.name, 1.0
-    if name not in H100_SECONDS:
-        name, factor = f"llama2-7b-{stage.kind}", SHAPE_FACTOR.get(stage.model, 1.0)
-    base, fixed = H100_SECONDS[name], FIXED.get(stage.kind, 0.0)
+    base, fixed = H100_SECONDS[stage.name], FIXED.get(stage.kind, 0.0)
     used = ROUNDS * speed_tokens + 2 * sync_tokens if stage.kind == "speed" else tokens
-    return (fixed + (base - fixed) * used / H100_TOKENS[name]) * factor
+    return fixed + (base - fixed) * used / H100_TOKENS[stage.name]
 
 
 def pace(done: list[Stage], estimates: dict[str, float]) -> float:
