@@ -30,22 +30,13 @@ class DraftingCost:
         self.stopped = 0.0  # seconds of a step that drafted nothing (running mean)
         self._stops = 0
         self._xx, self._xy = np.zeros((4, 4)), np.zeros(4)  # weighted means of x xᵀ and x·s, x = (1, d, d·w, p)
-        self.coef = np.zeros(4)
-
-    @property
-    def coef(self) -> np.ndarray:
-        return self._coef
-
-    @coef.setter
-    def coef(self, value) -> None:
-        self._coef = np.asarray(value, dtype=float)
-        self._terms = tuple(float(x) for x in self._coef)  # what a step's pricing reads: plain floats, since the
-        # first numpy call after a forward takes ~50 µs on a CPU (caches cold), plain arithmetic ~10
+        self.coef = (0.0, 0.0, 0.0, 0.0)  # plain floats: the first numpy call after a forward takes ~50 µs on a
+        # CPU (caches cold), plain arithmetic ~10
 
     def __call__(self, depth: int, width: int | None = None, behind: int = 0) -> float:
         if depth <= 0:
             return self.stopped
-        a, b, c, e = self._terms
+        a, b, c, e = self.coef
         return max(a + b * depth + c * depth * (width or 0) + e * behind, 0.0)
 
     def observe(self, depth: int, width: int | None, seconds: float, behind: int = 0) -> None:
@@ -64,7 +55,7 @@ class DraftingCost:
         self._xx += v * (np.outer(x, x) - self._xx)
         self._xy += v * (x * seconds - self._xy)
         # minimum-norm least squares: while only one depth was drafted, its seconds spread over a and b
-        self.coef = np.linalg.lstsq(self._xx, self._xy, rcond=1e-9)[0]
+        self.coef = tuple(float(x) for x in np.linalg.lstsq(self._xx, self._xy, rcond=1e-9)[0])
 
     def copy(self, frozen: bool | None = None) -> DraftingCost:
         out = DraftingCost.from_dict(self.to_dict())
@@ -72,16 +63,14 @@ class DraftingCost:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {"coef": self.coef.tolist(), "stopped": self.stopped, "points": self.points, "stops": self._stops,
+        return {"coef": list(self.coef), "stopped": self.stopped, "points": self.points, "stops": self._stops,
                 "deepest": self.deepest, "widest": self.widest, "xx": self._xx.tolist(), "xy": self._xy.tolist()}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], frozen: bool = False) -> DraftingCost:
         out = cls(frozen)
-        n = len(out.coef)  # tables stored before p was a column have three: p's are zeros
-        coef = np.zeros(len(out.coef))
-        coef[:len(d["coef"])], out.stopped = d["coef"], float(d["stopped"])
-        out.coef = coef
+        n = len(out.coef)  # tables stored before p was a column have three: p's is zero
+        out.coef, out.stopped = tuple(map(float, [*d["coef"], 0.0][:n])), float(d["stopped"])
         out.points, out._stops = int(d.get("points", 0)), int(d.get("stops", 0))
         out.deepest, out.widest = int(d.get("deepest", 0)), int(d.get("widest", 0))
         xx, xy = np.array(d.get("xx", np.zeros((n, n)))), np.array(d.get("xy", np.zeros(n)))

@@ -203,16 +203,11 @@ class AutoBudget:
 
     def plan(self, draft: Draft, tokens: list[int]) -> Draft:
         """The part of ``draft`` to verify after ``tokens`` (the sequence so far, its root last)."""
-        if self._caps[0] == 0:  # a stopped step: bookkeeping only (a drafter that proposed anyway is not sent)
-            if self._pending:
-                self._resolve(tokens)
-            self._context, self._drafted = len(tokens), (0, 0)
-            self.last_prediction = (1.0, self.cost(1, self._context) + self.drafting.stopped)
-            return self.settle(draft, tokens, 0, [])
-        width, keep, scores = self.choose(draft, tokens)
-        self.last_prediction = (1.0 + sum(scores[i] for i in keep),
-                                self.cost(1 + aux_count(draft, width) + len(keep), self._context) + self._spent())
-        return self.settle(draft, tokens, width, keep)
+        if self._caps[0] != 0:
+            return self.settle(draft, tokens, *self.choose(draft, tokens)[:2])
+        self._resolve(tokens)  # a stopped step: bookkeeping only (a drafter that proposed anyway is not sent)
+        self._context, self._drafted = len(tokens), (0, 0)
+        return self.settle(draft, tokens, 0, [])
 
     def _spent(self) -> float:
         """The step's drafting seconds as the model prices them."""
@@ -255,7 +250,10 @@ class AutoBudget:
     def settle(self, draft: Draft, tokens: list[int], width: int, keep: list[int]) -> Draft:
         """The step verifies ``draft``'s guesses ``keep`` (parents first) and its first ``width`` aux columns."""
         self.last_plan = (list(keep), width)
-        self._bet = sum(self._scores[i] for i in keep) / self.realism if keep else 0.0
+        expected = sum(self._scores[i] for i in keep)
+        self._bet = expected / self.realism
+        self.last_prediction = (1.0 + expected, self.cost(1 + aux_count(draft, width) + len(keep), self._context)
+                                + self._spent())
         if len(draft) and self._caps[0] != 0:
             self._pending.append((draft, len(tokens), width, draft.aux_width, 0))
         self.widths.append(width)

@@ -162,7 +162,7 @@ class Measurement:
         self.replayed: dict[tuple, list] = {}
         self.categories: dict[str, Any] = {}  # the dataset category each method's planner last learned from
         if job.budget == "replay":  # the recorded run's plans, its first turns checked before any decoding
-            from specbench.budget.replay import recorded_plans
+            from specbench.results.plans import recorded_plans
 
             self.replayed = recorded_plans(job.replay, job.method, [(s.sample_id, 0, r) for r in range(job.repeats)
                                                                    for s in job.samples])
