@@ -257,7 +257,7 @@ def bench(loaded, prompts, presets: list[str], max_new: int, run_cfg=None, store
         )
         if budget in ("auto", "static"):  # the warm-up's planner measures what drafting costs, as a run's does
             budgets[name] = AutoBudget(cost, aux_feeds=get_method(method).AUX_FEEDS, static=budget == "static",
-                                       calibrating=True)
+                                       calibrating=True, catches_up=drafters[name].catches_up)
         if getattr(cfg, "_store_path", None):
             print(f"  {name} reads {store_facts(cfg._store_path)}")
 
@@ -292,7 +292,7 @@ def bench(loaded, prompts, presets: list[str], max_new: int, run_cfg=None, store
         for name, b in budgets.items():  # the warm-up's drafting table is kept, as a run keeps it
             tables.setdefault(name, b.drafting)
             budgets[name] = AutoBudget(cost, aux_feeds=b.aux_feeds, drafting=tables[name].copy(frozen=b.static),
-                                       static=b.static)
+                                       static=b.static, catches_up=b.catches_up)
         for i, ids in enumerate(prompts):
             shift = (i + rep) % len(names)
             order = names[shift:] + names[:shift]

@@ -36,7 +36,7 @@ def main() -> None:
     cost = load_or_measure(loaded, args.model, args.dtype, hardware_cfg.get("attn_implementation", "sdpa"))
     target, eos, feeds = Target(loaded.model), loaded.eos_token_ids, get_method(method).AUX_FEEDS
 
-    warm = AutoBudget(cost, aux_feeds=feeds, calibrating=True)  # warm-up, not counted: drafting's cost
+    warm = AutoBudget(cost, aux_feeds=feeds, calibrating=True, catches_up=drafter.catches_up)  # warm-up: drafting's cost
     generate(target, drafter, prompts[0], max_new_tokens=16, eos_token_ids=eos, planner=warm)
     generate(target, plain, prompts[0], max_new_tokens=16, eos_token_ids=eos)
     # per kind: steps, drafting seconds, tokens, seconds, seconds beyond autoregressive decoding's same steps
@@ -47,7 +47,7 @@ def main() -> None:
           f"{args.passes} pass(es)")
     for n_pass in range(args.passes):
         drafter.reset()
-        planner = AutoBudget(cost, aux_feeds=feeds, drafting=warm.drafting.copy())
+        planner = AutoBudget(cost, aux_feeds=feeds, drafting=warm.drafting.copy(), catches_up=drafter.catches_up)
         for i, ids in enumerate(prompts):
             drafter.begin_sample()
             seen, runs = len(planner.why), {}

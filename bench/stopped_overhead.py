@@ -69,7 +69,8 @@ def main() -> None:
     never = DraftingCost.from_dict({"coef": [10.0, 0.0, 0.0], "stopped": 0.0}, frozen=True)  # drafting never fits
 
     def held():
-        return Recorder(AutoBudget(cost, aux_feeds=get_method(method).AUX_FEEDS, drafting=never, static=True))
+        return Recorder(AutoBudget(cost, aux_feeds=get_method(method).AUX_FEEDS, drafting=never, static=True,
+                                   catches_up=drafter.catches_up))
 
     runs = {"autoregressive": lambda: per_step(plain, None), "stopped": lambda: per_step(drafter, Stopped()),
             "planner": lambda: per_step(drafter, held())}

@@ -137,6 +137,7 @@ class SAMDecoding(ScopedMemory, Drafter):
         self.recycler = Recycler(self.vocab_size, self.config.topk, self.config.tree)
         self.dynamic = SuffixAutomaton()
         self.eagle: HeadDrafter | None = None
+        self.catches_up = self.config.auxiliary == "eagle"  # its head, as EAGLE's
         if self.config.auxiliary == "eagle":
             c = self.config
             settings = EagleSettings(head=c.head, depth=c.eagle_depth, top_k=c.eagle_top_k,

@@ -87,18 +87,22 @@ def aux_count(draft: Draft, width: int) -> int:
 class AutoBudget:
     """Decides each step's draft under a cost curve; learns acceptance from every step it planned.
     ``static``: drafting priced by ``drafting`` alone, never by the clock; ``calibrating``: a warm-up that
-    drafts at several depths and top-ks to measure what drafting costs (``drafting``), deciding nothing."""
+    drafts at several depths and top-ks to measure what drafting costs (``drafting``), deciding nothing;
+    ``catches_up``: the drafter's (:attr:`~specbench.core.draft.Drafter.catches_up`): a draft after a pause is
+    priced by the tokens committed since (else that column of the fit stays zero)."""
 
     def __init__(self, cost: CostModel, aux_feeds: tuple[str, ...] = (), drafting: DraftingCost | None = None,
-                 static: bool = False, stats: AcceptanceStats | None = None, calibrating: bool = False) -> None:
+                 static: bool = False, stats: AcceptanceStats | None = None, calibrating: bool = False,
+                 catches_up: bool = False) -> None:
         self.cost, self.aux_feeds, self.static, self.calibrating = cost, tuple(aux_feeds), static, calibrating
+        self.catches_up = catches_up
         self.drafting = drafting if drafting is not None else DraftingCost(frozen=static and not calibrating)
         self.stats = stats if stats is not None else AcceptanceStats()
         # (depth, top-k, pool width): steps, expected accepted, guesses and aux nodes verified (running means)
         self.options: dict[tuple[int, int, int], list[float]] = {}
         self.deepest = self.top_k = self.pool = 0  # the method's own depth, top-k and pool width, as drafted
         self.regret = self.elapsed = 0.0  # in plain steps' worth of modelled time
-        self.behind = 0  # tokens the drafter has not caught up on: the prompt (start), then plain steps' tokens
+        self.behind = 0  # tokens a drafter that catches up has not: the prompt (start), then plain steps' tokens
         self.skipped = 0  # steps since the method's own draft or a probe
         self.explored = 0.0  # plain steps' worth explorations lost since one paid or the rule took its own draft
         self.why: list[str] = []  # per step (WHY)
@@ -119,7 +123,8 @@ class AutoBudget:
 
     def spawn(self) -> AutoBudget:
         """A planner for a request decoded beside this one: the same costs and acceptance counts."""
-        return AutoBudget(self.cost, self.aux_feeds, self.drafting, self.static, self.stats, self.calibrating)
+        return AutoBudget(self.cost, self.aux_feeds, self.drafting, self.static, self.stats, self.calibrating,
+                          self.catches_up)
 
     def new_category(self) -> None:
         """A new dataset category: acceptance is learned afresh (a category's figures never depend on the order)."""
@@ -130,7 +135,7 @@ class AutoBudget:
 
     def start(self, prompt_len: int) -> None:
         """A generation begins: the drafter has yet to catch up on its prompt, which its first draft pays for."""
-        self.behind, self._context = prompt_len, prompt_len
+        self.behind, self._context = prompt_len * self.catches_up, prompt_len
 
     def allowance(self) -> float:
         return ALLOWANCE_FLOOR + ALLOWANCE_SHARE * self.elapsed
@@ -274,7 +279,7 @@ class AutoBudget:
         if not drafted:  # a stopped step: a plain forward and what the drafter's check cost
             if not self.drafting.frozen:
                 self.drafting.observe(0, None, draft_s)
-            self.behind += 1 + len(accepted_nodes)
+            self.behind += (1 + len(accepted_nodes)) * self.catches_up
             self.elapsed += 1 + (self.drafting.stopped if self.static else draft_s) / t1
             self.realized = [FADE * self.realized[0], FADE * self.realized[1]]
             return

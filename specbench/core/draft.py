@@ -16,9 +16,8 @@ A step verifies ``[root] + guesses + auxiliary`` in one forward pass, where
 
 An empty draft is a normal answer: the step is plain autoregressive decoding.
 
-Drafts sampled from a draft model (``draft_probs`` set) are kept as chains:
-two siblings drawn i.i.d. from the same ``q`` are two guesses, never one, so
-:meth:`Draft.from_sequences` (which merges equal prefixes) is for
+Drafts sampled from a draft model (``draft_probs`` set) are kept as chains: two siblings drawn i.i.d. from the
+same ``q`` are two guesses, never one, so :meth:`Draft.from_sequences` (which merges equal prefixes) is for
 deterministic guesses only.
 """
 
@@ -327,6 +326,7 @@ class Drafter:
     batchable: ClassVar[bool] = True  # False: its drafts cannot be made per request beside others (batch > 1)
     HOST_READS: ClassVar[int] = 0  # device→host reads drafting adds to a step (GPU syncs; specbench.run.syncs)
     needs_reference: ClassVar[bool] = False  # the oracle: DrafterContext.reference and forward_cost are given
+    catches_up: bool = False  # after steps it did not draft, its next draft first feeds it the tokens they committed
 
     @classmethod
     def host_reads(cls, config: Any, drafted: int) -> int:

@@ -126,6 +126,8 @@ class DraftChain:
 class ModelDrafter(Drafter):
     """Propose a chain drawn from a draft model; subclasses decide its length (:meth:`keep_drafting`)."""
 
+    catches_up = True  # the draft model reads every token committed while it did not draft
+
     @classmethod
     def host_reads(cls, config: Any, drafted: int) -> int:
         return drafted  # each drafted token read as it is chosen

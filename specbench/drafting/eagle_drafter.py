@@ -201,6 +201,7 @@ class HeadDrafter(Drafter):
     """EAGLE-2's drafting with an EAGLE-1/2 or EAGLE-3 head (``KIND``)."""
 
     KIND: ClassVar[str] = "eagle"
+    catches_up = True  # the head feeds on the features of every token committed while it did not draft
 
     @classmethod
     def host_reads(cls, config: EagleSettings, drafted: int) -> int:

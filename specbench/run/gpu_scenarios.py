@@ -132,8 +132,11 @@ def check_budget_auto(target: Target, dtype: str, model_name: str, texts: list[l
         if not getattr(cls, "budget_auto", False) or name == "autoregressive":
             continue
         try:
-            got = [generate(target, make(), p, max_new_tokens=new_tokens,
-                            planner=AutoBudget(curve, aux_feeds=cls.AUX_FEEDS)).output_ids for p in texts]
+            got = []
+            for p in texts:
+                d = make()
+                planner = AutoBudget(curve, aux_feeds=cls.AUX_FEEDS, catches_up=d.catches_up)
+                got.append(generate(target, d, p, max_new_tokens=new_tokens, planner=planner).output_ids)
         except Exception as err:  # noqa: BLE001
             wrong.append(f"{name} ({type(err).__name__}: {str(err)[:80]})")
             continue

@@ -181,7 +181,7 @@ class Measurement:
         static = self.job.budget == "static"
         drafting = None if calibrating or self.calibration is None else self.calibration.copy(frozen=static)
         kw = {"aux_feeds": get_method(self.job.method).AUX_FEEDS, "drafting": drafting, "static": static,
-              "calibrating": calibrating}
+              "calibrating": calibrating, "catches_up": self.drafters[self.job.method].catches_up}
         if self.job.batch_size == 1:
             return {self.job.method: AutoBudget(self.cost, **kw)}
         self.plan_rows = BatchBudget(self.cost, **kw)

@@ -35,26 +35,27 @@ def tree(right: list[int], wrong: list[int], width: int, ranks: list[int]) -> Dr
     return Draft(tokens=tokens, parents=parents, sources=["sim"] * len(tokens), tree_width=width, needs=needs)
 
 
-def simulate(planner: AutoBudget, steps: int, accept: float, clock: Callable[[int, int, int], float],
-             depth: int = 5, top_k: int = 0, rank: Callable[[random.Random], int] | None = None,
-             seed: int = 0) -> Run:
+def simulate(planner: AutoBudget, steps: int, accept: float | Callable[[int], float],
+             clock: Callable[[int, int, int], float], depth: int = 5, top_k: int = 0,
+             rank: Callable[[random.Random], int] | None = None, seed: int = 0) -> Run:
     """``steps`` decode steps. A chain of ``depth`` guesses (capped by the planner), each right with chance
-    ``accept``; or with ``top_k``, a :func:`tree` whose right token sits at the sibling rank ``rank(rng)``
-    draws. ``clock(step, depth, top_k)``: the drafting seconds of a step that drafted to ``depth`` at ``top_k``
+    ``accept`` (or ``accept(step)``); or with ``top_k``, a :func:`tree` whose right token sits at the sibling
+    rank ``rank(rng)`` draws. ``clock(step, depth, top_k)``: the drafting seconds of a step that drafted to ``depth`` at ``top_k``
     (0: a stopped step)."""
     rng, run = random.Random(seed), Run()
     text = [rng.randrange(1, 10**6) for _ in range(steps * (depth + 1) + 1)]  # what the target decodes
     pos = 0  # text[:pos + 1] is decoded, the root last
     for step in range(steps):
+        chance = accept(step) if callable(accept) else accept
         cap = planner.cap()
         d = depth if cap is None else min(cap, depth)
         w = (planner.width_cap or top_k) if top_k and d else 0
         truth = text[pos + 1 : pos + 1 + d]
         if top_k:
             draft = tree(truth, [rng.randrange(10**6, 10**7) for _ in truth], w,
-                         [rank(rng) if rng.random() < accept else top_k for _ in truth])
+                         [rank(rng) if rng.random() < chance else top_k for _ in truth])
         else:
-            draft = Draft.chain([t if rng.random() < accept else -t for t in truth], "sim")
+            draft = Draft.chain([t if rng.random() < chance else -t for t in truth], "sim")
         planned = planner.plan(draft, text[: pos + 1])
         path = []
         for i, (token, parent) in enumerate(zip(planned.tokens, planned.parents, strict=True)):

@@ -37,11 +37,11 @@ def level_clock(base: float = 0.0002, per_level: float = 0.002, stopped: float =
     return clock
 
 
-def calibrated(clock, depth=5, top_k=0, static=False, **kw) -> AutoBudget:
+def calibrated(clock, depth=5, top_k=0, static=False, catches_up=False, **kw) -> AutoBudget:
     """A planner starting from the drafting table a warm-up generation measured with ``clock`` (as a run's)."""
-    warm = AutoBudget(CPU, calibrating=True)
+    warm = AutoBudget(CPU, calibrating=True, catches_up=catches_up)
     simulate(warm, 16, 0.5, clock, depth=depth, top_k=top_k, rank=lambda rng: 0)
-    return AutoBudget(CPU, drafting=warm.drafting.copy(frozen=static), static=static, **kw)
+    return AutoBudget(CPU, drafting=warm.drafting.copy(frozen=static), static=static, catches_up=catches_up, **kw)
 
 
 def test_drafting_that_never_pays_stays_within_the_allowance_through_spikes_and_drift():
@@ -153,7 +153,7 @@ def test_a_heads_catching_up_after_a_pause_is_priced():
     pays 0.05 ms for every token since: the fit learns that price, each exploration's predicted drafting seconds
     meet the measured ones, and the regret stays within the allowance."""
     clock = catching_up_clock()
-    planner = calibrated(clock)
+    planner = calibrated(clock, catches_up=True)
     clock.drafted.clear()
     predicted, plan = [], planner.plan
 
@@ -247,10 +247,29 @@ def test_a_first_draft_pays_for_catching_up_on_the_prompt():
     here): after a short prompt the first draft fits the allowance, after a long one it does not."""
     table = {"coef": [0.001, 0.001, 0.0, 0.001], "stopped": 0.0}
     for prompt_len, why in ((10, "first"), (2000, "plain")):
-        planner = AutoBudget(CPU, drafting=DraftingCost.from_dict(table, frozen=True), static=True)
+        planner = AutoBudget(CPU, drafting=DraftingCost.from_dict(table, frozen=True), static=True, catches_up=True)
         planner.start(prompt_len)
         planner.cap()
         assert planner.why[-1] == why and planner.behind == prompt_len
+
+
+def test_a_drafter_that_does_not_catch_up_is_never_priced_for_a_pause():
+    """A pool or a lookup is fed every step, drafting or not. A drafting table whose per-token term came out at
+    0.7 ms (a warm-up's steps after a stopped one happened to be slow) would price its draft after 250 plain
+    steps at 175 ms, so a drafter whose guesses follow would never be tried again. Priced without that term, the
+    long prompt's first draft fits, and after a long stretch of guesses that never follow, a probe finds the
+    guesses that now do and the rule drafts them."""
+    table = {"coef": [0.0005, 0.0001, 0.0, 0.0007], "stopped": 0.0}
+    for catches_up, why in ((True, "plain"), (False, "first")):
+        planner = AutoBudget(CPU, drafting=DraftingCost.from_dict(table, frozen=True), static=True,
+                             catches_up=catches_up)
+        planner.start(2000)
+        planner.cap()
+        assert planner.why[-1] == why
+    planner = AutoBudget(CPU, drafting=DraftingCost.from_dict(table, frozen=True), static=True)
+    simulate(planner, 800, lambda step: 0.0 if step < 400 else 0.9, level_clock(base=0.0005, per_level=0.0001))
+    assert Counter(planner.why[300:400])["plain"] > 95  # nothing paid: it stopped
+    assert Counter(planner.why[-200:])["chosen"] > 150  # a probe found the guesses that follow now
 
 
 
