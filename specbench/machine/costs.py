@@ -71,35 +71,38 @@ def _path(q: int) -> list[int]:
 def measure(target: Any, vocab_size: int, *, qs=QS, contexts=None, repeats: int = 3, warmup: int = 2,
             seed: int = 0, progress: bool = False, context_length: int | None = None) -> CostModel:
     """Time a verification (``forward_draft``, then ``compact``) for every block size and context length;
-    keep the fastest of ``repeats``. ``contexts`` defaults to :func:`contexts_for`."""
+    keep the fastest of ``repeats``. Each round times every (context, block) once, so a drift in the machine's
+    speed (a GPU's host can halve its pace within a minute) spreads over the whole curve instead of skewing one
+    context's row against another's. ``contexts`` defaults to :func:`contexts_for`."""
     from specbench.provenance import device_name
 
     contexts = tuple(contexts) if contexts else contexts_for(target, context_length, qs)
     gen = torch.Generator().manual_seed(seed)
-    seconds: list[list[float]] = []
+    rows = []  # per context: its cache, prompt and length
     for ctx in contexts:
         cache = target.new_cache()
         prompt = torch.randint(0, vocab_size, (max(ctx, 1),), generator=gen).tolist()
         target.prefill(prompt, cache)
-        past = cache.get_seq_length()
-        row = []
-        for q in qs:
-            draft = _tree(q, vocab_size, gen)
-            times = []
-            for r in range(warmup + repeats):
+        rows.append((cache, prompt, cache.get_seq_length()))
+    drafts = [_tree(q, vocab_size, gen) for q in qs]
+    seconds = [[float("inf")] * len(qs) for _ in contexts]
+    for r in range(warmup + repeats):
+        for i, (cache, prompt, past) in enumerate(rows):
+            for j, (q, draft) in enumerate(zip(qs, drafts, strict=True)):
                 target.sync()
                 t0 = perf_counter()
                 target.forward_draft(prompt[-1], draft, cache)
                 target.compact(cache, past, _path(q))
                 target.sync()
                 if r >= warmup:
-                    times.append(perf_counter() - t0)
+                    seconds[i][j] = min(seconds[i][j], perf_counter() - t0)
                 cache.crop(past - cache.get_seq_length())  # back to the context (negative: tokens to drop)
-            row.append(min(times))
-            if progress:
-                print(f"  context {ctx}, q {q}: {1000 * row[-1]:.1f} ms", file=sys.stderr)
-        seconds.append(monotone(row))
-    return CostModel(list(qs), list(contexts), seconds, device_name=device_name(target.device))
+    if progress:
+        for ctx, row in zip(contexts, seconds, strict=True):
+            print(f"  context {ctx}: " + ", ".join(f"q {q} {1000 * s:.1f} ms" for q, s in zip(qs, row, strict=True)),
+                  file=sys.stderr)
+    return CostModel(list(qs), list(contexts), [monotone(row) for row in seconds],
+                     device_name=device_name(target.device))
 
 
 def batch_sizes(batch_size: int) -> list[int]:

@@ -100,6 +100,27 @@ def test_measurement_times_the_compaction_too(tiny_llama, monkeypatch):
     assert paths == [[], [0, 2, 4]]  # q = 8: an accepted path of three guesses down one chain
 
 
+def test_a_machine_that_halves_its_pace_midway_leaves_the_curve_as_it_was(tiny_llama, monkeypatch):
+    """Every forward after the first half of the measurement takes twice as long (a GPU's host slowing down, on a
+    clock the test controls): each round times the whole curve, so the fastest of two rounds is the first's, and
+    every context's row reads its true cost; timed context by context, the last row would read double."""
+    import specbench.machine.costs as machine_costs
+
+    target, now, calls = Target(tiny_llama.model), [0.0], [0]
+    true = {(16, 1): 1.0, (16, 8): 2.0, (64, 1): 3.0, (64, 8): 5.0}  # seconds of a forward at (context, q)
+    real = target.forward_draft
+
+    def forward_draft(root, draft, cache, *args, **kwargs):
+        calls[0] += 1
+        now[0] += true[(cache.get_seq_length(), 1 + len(draft))] * (2.0 if calls[0] > len(true) else 1.0)
+        return real(root, draft, cache, *args, **kwargs)
+
+    monkeypatch.setattr(target, "forward_draft", forward_draft)
+    monkeypatch.setattr(machine_costs, "perf_counter", lambda: now[0])
+    m = measure(target, tiny_llama.vocab_size, qs=(1, 8), contexts=(16, 64), repeats=2, warmup=0)
+    assert calls[0] == 2 * len(true) and m.seconds == [[1.0, 2.0], [3.0, 5.0]]
+
+
 def test_monotone_pools_adjacent_violators():
     assert monotone([1.0, 2.7, 1.3, 1.5, 2.0]) == pytest.approx([1.0, 1.8333, 1.8333, 1.8333, 2.0], rel=1e-3)
     assert monotone([1.0, 2.0, 3.0]) == [1.0, 2.0, 3.0]
