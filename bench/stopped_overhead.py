@@ -43,7 +43,7 @@ class Stopped:
     def plan(self, draft: Draft, tokens: list[int]) -> Draft:
         return draft
 
-    def record(self, draft: Draft, path: list[int], draft_s: float = 0.0, forward_s: float | None = None) -> None:
+    def record(self, draft: Draft, path: list[int], draft_s: float = 0.0) -> None:
         pass
 
     def finish(self, tokens: list[int]) -> None:

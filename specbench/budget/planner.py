@@ -94,8 +94,7 @@ class AutoBudget:
     def __init__(self, cost: CostModel, aux_feeds: tuple[str, ...] = (), drafting: DraftingCost | None = None,
                  static: bool = False, stats: AcceptanceStats | None = None, calibrating: bool = False,
                  catches_up: bool = False) -> None:
-        self.curve, self.aux_feeds, self.static, self.calibrating = cost, tuple(aux_feeds), static, calibrating
-        self.pace = 1.0  # this run's forwards against the curve's (auto): the curve's age, the machine's drift
+        self.cost, self.aux_feeds, self.static, self.calibrating = cost, tuple(aux_feeds), static, calibrating
         self.catches_up = catches_up
         self.drafting = drafting if drafting is not None else DraftingCost(frozen=static and not calibrating)
         self.stats = stats if stats is not None else AcceptanceStats()
@@ -124,7 +123,7 @@ class AutoBudget:
 
     def spawn(self) -> AutoBudget:
         """A planner for a request decoded beside this one: the same costs and acceptance counts."""
-        return AutoBudget(self.curve, self.aux_feeds, self.drafting, self.static, self.stats, self.calibrating,
+        return AutoBudget(self.cost, self.aux_feeds, self.drafting, self.static, self.stats, self.calibrating,
                           self.catches_up)
 
     def new_category(self) -> None:
@@ -137,10 +136,6 @@ class AutoBudget:
     def start(self, prompt_len: int) -> None:
         """A generation begins: the drafter has yet to catch up on its prompt, which its first draft pays for."""
         self.behind, self._context = prompt_len * self.catches_up, prompt_len
-
-    def cost(self, q: float, context: float = 0) -> float:
-        """A forward's seconds: the cost curve's, times the pace this run's forwards kept against it."""
-        return self.pace * self.curve(q, context)
 
     def allowance(self) -> float:
         return ALLOWANCE_FLOOR + ALLOWANCE_SHARE * self.elapsed
@@ -277,13 +272,9 @@ class AutoBudget:
             return draft
         return subdraft(draft, keep, width)
 
-    def record(self, draft: Draft, accepted_nodes: list[int], draft_s: float = 0.0,
-               forward_s: float | None = None) -> None:
+    def record(self, draft: Draft, accepted_nodes: list[int], draft_s: float = 0.0) -> None:
         """The step verified ``draft`` (as planned) and accepted ``accepted_nodes`` after ``draft_s`` seconds of
-        drafting and planning, its forward taking ``forward_s``: the run's time, the regret and (under ``auto``)
-        drafting's cost and the forward's pace against the curve (followed over ~:data:`WINDOW` steps)."""
-        if forward_s and not self.static and not self.calibrating:
-            self.pace += (forward_s / self.curve(1 + len(draft) + draft.n_aux, self._context) - self.pace) / WINDOW
+        drafting and planning: the run's time, the regret and (under ``auto``) drafting's cost."""
         t1, drafted = self.cost(1, self._context), self._caps[0] != 0
         if not drafted:  # a stopped step: a plain forward and what the drafter's check cost
             if not self.drafting.frozen:

@@ -83,8 +83,7 @@ class Replay:
             return draft
         return subdraft(draft, keep, width)
 
-    def record(self, draft: Draft, accepted_nodes: list[int], draft_s: float = 0.0,
-               forward_s: float | None = None) -> None:
+    def record(self, draft: Draft, accepted_nodes: list[int], draft_s: float = 0.0) -> None:
         pass
 
     def finish(self, tokens: list[int]) -> None:

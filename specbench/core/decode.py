@@ -191,15 +191,15 @@ class _Loop:
                                 for r, row in enumerate(rows)], self.sampling,
                                 [row.request.generator for row in rows])
         settled = []
-        for r, (path, tokens) in enumerate(walks):
-            settled.append((path, tokens, _accepted_rows(target.row_features[r], path) if layers else {}))
+        for r, (row, (path, tokens)) in enumerate(zip(rows, walks, strict=True)):
+            draft = row.draft
+            features = _accepted_rows(target.row_features[r], path) if layers else {}
+            if row.request.planner is not None:
+                row.request.planner.record(draft, path, draft_s=row.draft_s)
+            settled.append((path, tokens, features))
         cache.commit(0, [[0] + [1 + i for i in path] for path, _, _ in settled])
         target.sync()
         verified = perf_counter()
-        forward_s = verified - proposed if len(rows) == 1 else None  # a batch's forward is not one row's
-        for row, (path, _, _) in zip(rows, settled, strict=True):
-            if row.request.planner is not None:
-                row.request.planner.record(row.draft, path, draft_s=row.draft_s, forward_s=forward_s)
         update_s = []
         for r, (row, (path, tokens, features)) in enumerate(zip(rows, settled, strict=True)):
             t0 = perf_counter()

@@ -37,12 +37,11 @@ def tree(right: list[int], wrong: list[int], width: int, ranks: list[int]) -> Dr
 
 def simulate(planner: AutoBudget, steps: int, accept: float | Callable[[int], float],
              clock: Callable[[int, int, int], float], depth: int = 5, top_k: int = 0,
-             rank: Callable[[random.Random], int] | None = None, seed: int = 0,
-             forward: Callable[[int], float] | None = None) -> Run:
+             rank: Callable[[random.Random], int] | None = None, seed: int = 0) -> Run:
     """``steps`` decode steps. A chain of ``depth`` guesses (capped by the planner), each right with chance
     ``accept`` (or ``accept(step)``); or with ``top_k``, a :func:`tree` whose right token sits at the sibling
     rank ``rank(rng)`` draws. ``clock(step, depth, top_k)``: the drafting seconds of a step that drafted to ``depth`` at ``top_k``
-    (0: a stopped step); ``forward(q)``: the measured seconds of a forward of q tokens (None: not told)."""
+    (0: a stopped step)."""
     rng, run = random.Random(seed), Run()
     text = [rng.randrange(1, 10**6) for _ in range(steps * (depth + 1) + 1)]  # what the target decodes
     pos = 0  # text[:pos + 1] is decoded, the root last
@@ -62,8 +61,7 @@ def simulate(planner: AutoBudget, steps: int, accept: float | Callable[[int], fl
         for i, (token, parent) in enumerate(zip(planned.tokens, planned.parents, strict=True)):
             if token == text[pos + 1 + len(path)] and parent == (path[-1] if path else -1):
                 path.append(i)
-        q = 1 + len(planned) + planned.n_aux
-        planner.record(planned, path, draft_s=clock(step, d, w), forward_s=forward(q) if forward else None)
+        planner.record(planned, path, draft_s=clock(step, d, w))
         pos += len(path) + 1
         run.steps, run.tokens = run.steps + 1, run.tokens + len(path) + 1
         run.caps.append((d, w))

@@ -125,7 +125,7 @@ def test_a_batch_step_is_priced_at_its_longest_row():
 def test_planners_spawned_for_a_batch_share_what_they_learn():
     first = BatchBudget(FLAT).planner()
     other = first.spawn()
-    assert other.stats is first.stats and other.curve is first.curve and other is not first
+    assert other.stats is first.stats and other.cost is first.cost and other is not first
 
 
 class Clock:

@@ -183,21 +183,6 @@ def test_auto_follows_a_30_percent_drift_in_drafting_cost():
     assert frozen.drafting(5, 0) == pytest.approx(clock(0, 5), rel=0.05)  # static: the table, whatever happens
 
 
-def test_the_forwards_pace_against_a_stale_curve_is_followed_under_auto_only():
-    """The machine's forwards take 1.3× what the cached curve says (an older, faster measurement): under ``auto``
-    the planner's forward seconds follow the measured ones within ~32 steps, so each step's predicted seconds meet
-    the measured forward and drafting (a stopped step here); under ``static`` they stay the curve's."""
-    clock = level_clock()
-    slower = lambda q: 1.3 * CPU(q)  # noqa: E731
-    live = calibrated(clock)
-    simulate(live, 300, 0.0, clock, forward=slower)
-    assert live.pace == pytest.approx(1.3, rel=0.01) and live.cost(4) == pytest.approx(slower(4), rel=0.01)
-    assert live.why[-1] == "plain" and live.last_prediction[1] == pytest.approx(slower(1) + 0.0001, rel=0.01)
-    frozen = calibrated(clock, static=True)
-    simulate(frozen, 300, 0.0, clock, forward=slower)
-    assert frozen.pace == 1.0 and frozen.cost(4) == CPU(4)
-
-
 def test_an_uncalibrated_first_draft_is_the_only_step_that_can_overrun():
     """With no table, the first step drafts the method's own draft at a cost nobody knew: 30 plain steps' worth.
     It overruns the floor; nothing drafts again until the run's allowance covers that."""

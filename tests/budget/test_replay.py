@@ -36,9 +36,7 @@ def test_a_replay_gives_the_recorded_tokens_and_steps(case, temperature, saved, 
     plans = copy.deepcopy(recorder.plans)
     assert len(plans) == recorded.steps - 1 and all({"depth", "top_k", "n", "keep", "aux", "why"} <= set(p) for p in plans)
     assert any(p["keep"] is None or p["keep"] or p["aux"] for p in plans)  # it verified guesses or sent a pool
-    assert all(p["pred_tokens"] >= 1 and p["pred_s"] > 0 for p in plans)  # expected, beside measured
-    # the tiny model's forwards take far less than the 20 ms the curve says: the predicted seconds followed them
-    assert recorder.planner.pace < 0.95 and plans[-1]["pred_s"] < plans[0]["pred_s"]
+    assert all(p["pred_tokens"] >= 1 and p["pred_s"] >= CURVE(1, 0) * 0.99 for p in plans)  # expected, beside measured
     again = run(case, lm, sampling, store, heads, Replay(plans, case))
     assert again.output_ids == recorded.output_ids
     assert again.step_tokens == recorded.step_tokens and again.steps == recorded.steps

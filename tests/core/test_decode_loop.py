@@ -36,7 +36,7 @@ class SlowFinish:
     def plan(self, draft, seq):
         return draft
 
-    def record(self, draft, path, draft_s=0.0, forward_s=None):
+    def record(self, draft, path, draft_s=0.0):
         pass
 
     def finish(self, seq):

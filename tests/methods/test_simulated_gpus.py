@@ -407,7 +407,7 @@ class Sees:
         self.seen[self.step] = (list(draft.tokens), list(draft.parents))
         return Draft()
 
-    def record(self, draft, path, draft_s=0.0, forward_s=None):
+    def record(self, draft, path, draft_s=0.0):
         pass
 
     def finish(self, seq):
