@@ -135,7 +135,7 @@ class AutoBudget:
 
     def start(self, prompt_len: int) -> None:
         """A generation begins: the drafter has yet to catch up on its prompt, which its first draft pays for."""
-        self.behind, self._context = prompt_len * self.catches_up, prompt_len
+        self.behind, self._context = prompt_len if self.catches_up else 0, prompt_len
 
     def allowance(self) -> float:
         return ALLOWANCE_FLOOR + ALLOWANCE_SHARE * self.elapsed
@@ -279,7 +279,8 @@ class AutoBudget:
         if not drafted:  # a stopped step: a plain forward and what the drafter's check cost
             if not self.drafting.frozen:
                 self.drafting.observe(0, None, draft_s)
-            self.behind += (1 + len(accepted_nodes)) * self.catches_up
+            if self.catches_up:
+                self.behind += 1 + len(accepted_nodes)
             self.elapsed += 1 + (self.drafting.stopped if self.static else draft_s) / t1
             self.realized = [FADE * self.realized[0], FADE * self.realized[1]]
             return
