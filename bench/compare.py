@@ -447,10 +447,10 @@ def main() -> None:
             if args.flat_cost:
                 cost = CostModel.flat()
             elif plan == dtype:
-                cost = load_or_measure(loaded, args.model, dtype, attn, remeasure=args.remeasure)
+                cost = load_or_measure(loaded, args.model, dtype, attn, remeasure=args.remeasure, check=True)
             else:  # another dtype's curve: measured (or read from the cache) with the model in that dtype
                 cost = load_or_measure(load_model(OmegaConf.merge(model_cfg, {"dtype": plan}), hardware_cfg),
-                                       args.model, plan, attn, remeasure=args.remeasure)
+                                       args.model, plan, attn, remeasure=args.remeasure, check=True)
             print(f"cost curve ({plan}{', flat: GPU-like' if args.flat_cost else ''}):\n{cost.table()}")
         for name in args.datasets:
             found = dataset_prompts(name, loaded.tokenizer, model_cfg, limit=args.prompts,

@@ -33,7 +33,8 @@ from specbench.provenance import environment_info
 def main() -> None:
     args, hardware_cfg, loaded, prompts, method, drafter, plain = one_preset(
         __doc__.splitlines()[0], "eagle-cpu:auto", extra=[("--passes", int, 1)])
-    cost = load_or_measure(loaded, args.model, args.dtype, hardware_cfg.get("attn_implementation", "sdpa"))
+    cost = load_or_measure(loaded, args.model, args.dtype, hardware_cfg.get("attn_implementation", "sdpa"),
+                           check=True)
     target, eos, feeds = Target(loaded.model), loaded.eos_token_ids, get_method(method).AUX_FEEDS
 
     warm = AutoBudget(cost, aux_feeds=feeds, calibrating=True, catches_up=drafter.catches_up)  # warm-up: drafting's cost

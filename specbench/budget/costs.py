@@ -25,6 +25,7 @@ class CostModel:
     key: str = ""
     batches: dict[int, CostModel] = field(default_factory=dict)  # batch size (> 1): its curve, q per row
     rows: str = ""  # a batch's curve: "staggered" (rows of lengths spread below the longest, keyed by it)
+    checked: float = 0.0  # a plain step timed when a run began over the curve's (0: not checked; machine.costs)
 
     def __post_init__(self) -> None:
         if not self.qs or not self.contexts or len(self.seconds) != len(self.contexts):
@@ -76,7 +77,8 @@ class CostModel:
     def from_dict(cls, d: dict[str, Any]) -> CostModel:
         batches = {int(b): cls.from_dict(m) for b, m in (d.get("batches") or {}).items()}
         batches = {b: m for b, m in batches.items() if m.rows == STAGGERED}  # equal rows: an older timing, re-timed
-        return cls(**{k: d[k] for k in ("qs", "contexts", "seconds", "device_name", "key", "rows") if k in d},
+        return cls(**{k: d[k] for k in ("qs", "contexts", "seconds", "device_name", "key", "rows", "checked")
+                      if k in d},
                    batches=batches)
 
     @classmethod

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import sys
 from pathlib import Path
 from time import perf_counter
@@ -30,6 +31,8 @@ GPU_CONTEXTS = (128, 1024, 2048, 4096)
 COST_DIR = "costs"
 BATCH_TOKENS = 1024  # most tokens (rows × block) a batched forward is timed with on a CPU; 4096 on a GPU
 MEASURE_VERSION = 4  # part of the cache key: a changed measurement invalidates cached curves
+STALE = 1 / 3  # a cached curve off the plain step timed now by more than this (×4/3 or ×3/4) is timed again: a
+# 2-core VM's own pace moves ±15% within minutes (docs/measurements/budget.md), a day's or a load's far more
 
 
 def monotone(values: list[float]) -> list[float]:
@@ -187,10 +190,20 @@ def cost_path(key: str, model_name: str, dtype: str) -> Path:
     return cache_root() / COST_DIR / f"{model_name}-{dtype}-{key}.json"
 
 
+def pace(target: Any, vocab_size: int, curve: CostModel) -> float:
+    """This machine's plain step now over ``curve``'s: t(1) after the curve's first context, timed as
+    :func:`measure` times it, the fastest of ten after three (under a second on a CPU)."""
+    now = measure(target, vocab_size, qs=(1,), contexts=curve.contexts[:1], repeats=10, warmup=3)
+    return now.seconds[0][0] / curve(1, curve.contexts[0])
+
+
 def load_or_measure(loaded: Any, model_name: str, dtype: str, attn: str, *, remeasure: bool = False,
-                    progress: bool = False, batch_size: int = 1, **measure_kw) -> CostModel:
+                    progress: bool = False, batch_size: int = 1, check: bool = False, **measure_kw) -> CostModel:
     """The cached curve for this machine and model, or a new measurement (saved for next time); with
-    ``batch_size`` > 1, with the batch sizes :func:`batch_sizes` names (those missing are measured and added)."""
+    ``batch_size`` > 1, with the batch sizes :func:`batch_sizes` names (those missing are measured and added).
+    ``check``: a cached curve's plain step is timed again first (:func:`pace`, kept as the returned curve's
+    ``checked``), and a curve off by more than :data:`STALE` (a machine under another load, a cache from another
+    day) is measured again, so drafting timed live is never set against a forward priced at another pace."""
     from specbench.core.forward import Target
     from specbench.paths import exclusive
 
@@ -201,11 +214,23 @@ def load_or_measure(loaded: Any, model_name: str, dtype: str, attn: str, *, reme
     path = cost_path(key, model_name, dtype)
     wanted = batch_sizes(batch_size)
 
+    stale = None  # the seconds of a cached curve found off this machine's pace: measured again
+
+    def read() -> CostModel | None:
+        found = None if remeasure else _read_curve(path)
+        return None if found is None or found.seconds == stale else found
+
     def ready() -> CostModel | None:
-        cached = None if remeasure else _read_curve(path)
+        cached = read()
         return cached if cached is not None and all(b in cached.batches for b in wanted) else None
 
-    cached = ready()
+    cached, checked = ready(), 0.0
+    if cached is not None and check:
+        cached.checked = checked = round(pace(target, loaded.vocab_size, cached), 4)
+        if abs(math.log(checked)) > math.log(1 + STALE):
+            print(f"cost curve: a plain step takes {checked:.2f}x the cached curve's ({path.name}): "
+                  "timing the curve again", file=sys.stderr)
+            stale, cached = cached.seconds, None
     if cached is not None:
         return cached
     with exclusive(path):  # jobs of a sweep that start together: one measures, the others read its curve
@@ -213,7 +238,7 @@ def load_or_measure(loaded: Any, model_name: str, dtype: str, attn: str, *, reme
         if cached is not None:
             return cached
         measure_kw.setdefault("context_length", getattr(loaded, "context_length", None))
-        model = None if remeasure else _read_curve(path)
+        model = read()
         if model is None:
             model = measure(target, loaded.vocab_size, progress=progress, **measure_kw)
             model.key = key
@@ -222,6 +247,7 @@ def load_or_measure(loaded: Any, model_name: str, dtype: str, attn: str, *, reme
                 model.batches[b] = measure_batch(target, loaded.vocab_size, b, progress=progress, **{
                     k: v for k, v in measure_kw.items() if k in ("qs", "contexts", "context_length", "seed")})
         _write_curve(path, model)
+    model.checked = checked  # re-timed: the pace that set it off (the stored curve keeps none)
     return model
 
 

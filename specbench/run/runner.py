@@ -116,7 +116,7 @@ class Measurement:
 
             self.cost = load_or_measure(loaded, loaded.name, loaded.dtype,
                                         str(job.hardware.get("attn_implementation", "")), progress=job.progress,
-                                        batch_size=job.batch_size)
+                                        batch_size=job.batch_size, check=job.budget == "auto")
         drafter_context = DrafterContext(
             sampling=job.sampling,
             device=self.target.device,
@@ -236,7 +236,7 @@ class Measurement:
         from specbench.paths import exclusive
 
         path = table_path(cost_path(self.cost.key, self.loaded.name, self.loaded.dtype), self.job.preset,
-                          self.params[self.job.method])
+                          {**self.params[self.job.method], "curve": self.cost.seconds})  # re-timed: a new table
         with exclusive(path):
             stored = read_table(path)
             if stored is None:

@@ -121,6 +121,40 @@ def test_a_machine_that_halves_its_pace_midway_leaves_the_curve_as_it_was(tiny_l
     assert calls[0] == 2 * len(true) and m.seconds == [[1.0, 2.0], [3.0, 5.0]]
 
 
+def test_a_cached_curve_off_the_machines_pace_is_timed_again(tiny_llama, tmp_path, monkeypatch, capsys):
+    """``check``: before a run the cached curve's plain step is timed again (on a clock the test controls). A
+    machine a quarter slower (within a busy machine's swings) keeps the curve, the pace kept as ``checked``; one
+    at half the pace (another load, another day) has it measured again and stored; the next run keeps it."""
+    import specbench.machine.costs as machine_costs
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    now, pace, real = [0.0], [1.0], Target.forward_draft
+
+    def forward_draft(self, root, draft, cache, *args, **kwargs):
+        now[0] += pace[0] * (1 + 0.1 * len(draft))  # a plain step 1 s, each guess 0.1 s more
+        return real(self, root, draft, cache, *args, **kwargs)
+
+    monkeypatch.setattr(Target, "forward_draft", forward_draft)
+    monkeypatch.setattr(machine_costs, "perf_counter", lambda: now[0])
+
+    def load(**kw):
+        return load_or_measure(tiny_llama, "tiny-llama", "float32", "sdpa", qs=(1, 4), contexts=(8,), repeats=1,
+                               **kw)
+
+    first = load(check=True)  # nothing cached: measured
+    assert first.seconds == [[pytest.approx(1.0), pytest.approx(1.3)]] and first.checked == 0.0
+    pace[0] = 1.25
+    kept = load(check=True)
+    assert kept.seconds == first.seconds and kept.checked == pytest.approx(1.25)
+    assert "timing the curve again" not in capsys.readouterr().err
+    assert load().checked == 0.0  # without the check the curve is read as stored
+    pace[0] = 2.0
+    again = load(check=True)
+    assert again.seconds == [[pytest.approx(2.0), pytest.approx(2.6)]] and again.checked == pytest.approx(2.0)
+    assert "a plain step takes 2.00x the cached curve's" in capsys.readouterr().err
+    assert load().seconds == again.seconds and load().checked == 0.0 and load(check=True).checked == pytest.approx(1)
+
+
 def test_monotone_pools_adjacent_violators():
     assert monotone([1.0, 2.7, 1.3, 1.5, 2.0]) == pytest.approx([1.0, 1.8333, 1.8333, 1.8333, 2.0], rel=1e-3)
     assert monotone([1.0, 2.0, 3.0]) == [1.0, 2.0, 3.0]
@@ -474,15 +508,17 @@ def test_trimmed_drafts_keep_the_sampling_distribution(make_budget):
 def test_runner_records_auto_rows_apart_with_their_curve(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
     base = ("experiment=smoke", f"results_dir={tmp_path}", "progress=false", "limit=2", "max_new_tokens=12")
-    run(make_cfg(*base, "budget=auto"))
+    run(make_cfg(*base[:-2], "limit=1", "max_new_tokens=12", "budget=auto"))  # the curve measured …
+    run(make_cfg(*base, "budget=auto"))  # … then, resumed, checked against the machine's pace first
     run(make_cfg(*base, "budget=fixed"))
     df = load_results(tmp_path)
     method = df[df.method != "autoregressive"]
     assert set(method.budget) == {"auto", "fixed"}
     auto = method[method.budget == "auto"]
     assert all(p.endswith(":auto") for p in auto.preset)  # its own preset: never merged with fixed rows
-    curve = CostModel.from_dict(json.loads(auto.cost_curve.iloc[0]))
-    assert curve.qs[0] == 1 and len(curve.seconds) >= 1
+    curves = [CostModel.from_dict(json.loads(c)) for c in auto.cost_curve]
+    assert curves[0].qs[0] == 1 and len(curves[0].seconds) >= 1
+    assert sorted(c.checked > 0 for c in curves) == [False, True]  # the resumed run's curve was checked
     assert (df[df.method == "autoregressive"].budget == "fixed").all()
     ar = {(r.sample_id, r.turn): r.output_ids.tolist() for r in df[df.method == "autoregressive"].itertuples()}
     assert all(r.output_ids.tolist() == ar[(r.sample_id, r.turn)] for r in auto.itertuples())  # greedy, fp32
