@@ -352,3 +352,28 @@ def test_a_first_draft_that_waits_for_room_leaves_no_stale_wait_behind():
         assert planner.why.index("first") == 20
         plain += Counter(planner.why)["plain"]
     assert plain < 0.3 * 5 * 400
+
+
+def test_the_exploration_study_reads_the_planners_trade(capsys, monkeypatch):
+    """bench/explore_sim.py: on the simulated loop a drafter that never pays runs a little under plain decoding's
+    speed (its probes), one right 80% of the time far above; a constant set with ``--set`` changes the cells and
+    is put back afterwards; a name the planner has not is refused with what to write."""
+    import sys
+    from pathlib import Path
+
+    import specbench.budget.planner as planner
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import explore_sim
+
+    never = explore_sim.speed(0.0, 512, explore_sim.HEAD, 0, seeds=2)
+    assert 0.98 < never < 1.0 and explore_sim.speed(0.8, 512, (0.002, 0.002), 0, seeds=2) > 1.5
+    monkeypatch.setattr(explore_sim, "CASES", [("never pays", 0.0, 512, explore_sim.HEAD, 0)])
+    monkeypatch.setattr(sys, "argv", ["explore_sim.py", "--set", "EXPLORE_EVERY=16,64", "--seeds", "2"])
+    explore_sim.main()
+    row = capsys.readouterr().out.splitlines()[-1].split()
+    assert float(row[-2]) == pytest.approx(never, abs=1e-4) and float(row[-1]) > never  # rarer probes lose less
+    assert planner.EXPLORE_EVERY == EXPLORE_EVERY
+    monkeypatch.setattr(sys, "argv", ["explore_sim.py", "--set", "EXPLORE_SOMETIMES=3"])
+    with pytest.raises(SystemExit, match="name a constant of specbench/budget/planner.py"):
+        explore_sim.main()

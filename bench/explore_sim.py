@@ -1,0 +1,88 @@
+"""What ``budget=auto``'s exploration costs and buys, on the simulated decode loop (no model, no clock): the
+modelled speed over plain decoding of drafters that never pay, pay a little, pay well, or start paying after a
+long stretch that did not, under settings of the planner's exploration and allowance constants.
+
+The loop is the tests' (``tests/budget/simulated.py``): a chain of guesses each right with a set chance, drafting
+seconds from a clock the run sets (a head-like drafter: 8 ms a draft plus 2 ms a level; a cheap one: 0.2 ms plus
+2 ms), forwards priced by a CPU-like curve (a plain step 20 ms). Each cell is the mean over ``--seeds`` texts of
+tokens ÷ modelled time in plain steps: 1.000 is plain decoding's speed. Deterministic: a reviewer gets the same
+table. Run:
+    python bench/explore_sim.py --set EXPLORE_EVERY=16,32,64 --set ALLOWANCE_SHARE=0.01,0.003
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' simulated loop
+
+import specbench.budget.planner as planner  # noqa: E402
+from tests.budget.simulated import simulate  # noqa: E402
+from tests.budget.test_planner import calibrated, level_clock  # noqa: E402
+
+HEAD, CHEAP = (0.008, 0.002), (0.0002, 0.002)  # drafting seconds: a draft's fixed part, each level's
+# (name, chance a guess is right (or of the step), steps, drafting costs, steps of never-right guesses before)
+CASES = [
+    ("never pays, head-like, 512 steps", 0.0, 512, HEAD, 0),
+    ("never pays, cheap, 512 steps", 0.0, 512, CHEAP, 0),
+    ("never pays, head-like, 4,000 steps", 0.0, 4000, HEAD, 0),
+    ("right 30%, 512 steps", 0.3, 512, (0.002, 0.002), 0),
+    ("right 50%, 4 ms a level, 512 steps", 0.5, 512, (0.002, 0.004), 0),
+    ("right 80%, 512 steps", 0.8, 512, (0.002, 0.002), 0),
+    ("right 90% after 400 that never are", 0.9, 400, (0.002, 0.002), 400),
+    ("right 60% after 400 that never are", 0.6, 400, (0.002, 0.004), 400),
+    ("right 90% after 2,000 that never are", 0.9, 1000, (0.002, 0.002), 2000),
+]
+
+
+def speed(chance: float, steps: int, costs: tuple[float, float], before: int, seeds: int) -> float:
+    """Tokens ÷ modelled time in plain steps, over the ``steps`` after ``before`` (mean over seeds)."""
+    out = []
+    for seed in range(seeds):
+        clock = level_clock(base=costs[0], per_level=costs[1], stopped=0.0)
+        budget = calibrated(clock)
+        if before:
+            simulate(budget, before, 0.0, clock, seed=seed)
+        start = budget.elapsed
+        run = simulate(budget, steps, chance, clock, seed=seed + 100 * bool(before))
+        out.append(run.tokens / (budget.elapsed - start))
+    return statistics.mean(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=V1,V2",
+                    help="a planner constant and the values to try (every combination is a column)")
+    ap.add_argument("--seeds", type=int, default=8)
+    args = ap.parse_args()
+    grid = {}
+    for item in args.set:
+        name, _, values = item.partition("=")
+        if not hasattr(planner, name) or not values:
+            raise SystemExit(f"--set {item}: name a constant of specbench/budget/planner.py and its values, "
+                             "e.g. EXPLORE_EVERY=16,32")
+        grid[name] = [type(getattr(planner, name))(v) for v in values.split(",")]
+    columns = [dict(zip(grid, combo, strict=True)) for combo in itertools.product(*grid.values())] or [{}]
+    saved = {name: getattr(planner, name) for name in grid}
+    labels = [" ".join(f"{k}={v}" for k, v in c.items()) or "as shipped" for c in columns]
+    width = [max(9, len(label)) for label in labels]
+    print(f"{'case':38} " + " ".join(f"{label:>{w}}" for label, w in zip(labels, width, strict=True)))
+    try:
+        for name, chance, steps, costs, before in CASES:
+            cells = []
+            for column in columns:
+                for k, v in column.items():
+                    setattr(planner, k, v)
+                cells.append(speed(chance, steps, costs, before, args.seeds))
+            print(f"{name:38} " + " ".join(f"{x:{w}.4f}" for x, w in zip(cells, width, strict=True)), flush=True)
+    finally:
+        for k, v in saved.items():
+            setattr(planner, k, v)
+
+
+if __name__ == "__main__":
+    main()
