@@ -58,7 +58,9 @@ def best_prefix(scores: list[float], cost: CostModel, fixed_q: int, context: int
 
 def subdraft(draft: Draft, keep: list[int], width: int) -> Draft:
     """``draft`` restricted to the guesses ``keep`` (closed under parents) and the aux nodes of its first
-    ``width`` columns (0: none; its :attr:`~Draft.aux_width` or more: all)."""
+    ``width`` columns (0: none; its :attr:`~Draft.aux_width` or more: all); ``draft`` itself when that is all."""
+    if width >= draft.aux_width and len(keep) == len(draft):
+        return draft
     out = draft.keep(keep)
     if width >= draft.aux_width:
         out.aux_tokens, out.aux_positions = draft.aux_tokens, draft.aux_positions
@@ -268,8 +270,6 @@ class AutoBudget:
         if own and self.why[-1] == "chosen":
             self.explored = 0.0
         self.skipped = 0 if own else self.skipped + 1
-        if width >= draft.aux_width and len(keep) == len(draft):
-            return draft
         return subdraft(draft, keep, width)
 
     def record(self, draft: Draft, accepted_nodes: list[int], draft_s: float = 0.0) -> None:

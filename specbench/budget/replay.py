@@ -79,8 +79,6 @@ class Replay:
                                  f"{draft.aux_width} aux columns, the recorded run's {plan.get('n', '?')} guesses "
                                  f"(kept up to {max(keep, default=-1)}) and {width} columns: replay needs the "
                                  "recorded run's code, settings and seed")
-        if width >= draft.aux_width and len(keep) == len(draft):
-            return draft
         return subdraft(draft, keep, width)
 
     def record(self, draft: Draft, accepted_nodes: list[int], draft_s: float = 0.0) -> None:
