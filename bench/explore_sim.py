@@ -20,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' simulated loop
 
+import specbench.budget.acceptance as acceptance  # noqa: E402
 import specbench.budget.planner as planner  # noqa: E402
 from tests.budget.simulated import simulate  # noqa: E402
 from tests.budget.test_planner import calibrated, level_clock  # noqa: E402
@@ -56,18 +57,20 @@ def speed(chance: float, steps: int, costs: tuple[float, float], before: int, se
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--set", action="append", default=[], metavar="NAME=V1,V2",
-                    help="a planner constant and the values to try (every combination is a column)")
+                    help="a constant of the planner or the acceptance model (PRIOR, BASE_RATE) and the values to "
+                    "try (every combination is a column)")
     ap.add_argument("--seeds", type=int, default=8)
     args = ap.parse_args()
-    grid = {}
+    grid, home = {}, {}
     for item in args.set:
         name, _, values = item.partition("=")
-        if not hasattr(planner, name) or not values:
-            raise SystemExit(f"--set {item}: name a constant of specbench/budget/planner.py and its values, "
-                             "e.g. EXPLORE_EVERY=16,32")
-        grid[name] = [type(getattr(planner, name))(v) for v in values.split(",")]
+        home[name] = next((m for m in (planner, acceptance) if name.isupper() and hasattr(m, name)), None)
+        if home[name] is None or not values:
+            raise SystemExit(f"--set {item}: name a constant of specbench/budget/planner.py or acceptance.py and "
+                             "its values, e.g. EXPLORE_EVERY=16,32")
+        grid[name] = [type(getattr(home[name], name))(v) for v in values.split(",")]
     columns = [dict(zip(grid, combo, strict=True)) for combo in itertools.product(*grid.values())] or [{}]
-    saved = {name: getattr(planner, name) for name in grid}
+    saved = {name: getattr(home[name], name) for name in grid}
     labels = [" ".join(f"{k}={v}" for k, v in c.items()) or "as shipped" for c in columns]
     width = [max(9, len(label)) for label in labels]
     print(f"{'case':38} " + " ".join(f"{label:>{w}}" for label, w in zip(labels, width, strict=True)))
@@ -76,12 +79,12 @@ def main() -> None:
             cells = []
             for column in columns:
                 for k, v in column.items():
-                    setattr(planner, k, v)
+                    setattr(home[k], k, v)
                 cells.append(speed(chance, steps, costs, before, args.seeds))
             print(f"{name:38} " + " ".join(f"{x:{w}.4f}" for x, w in zip(cells, width, strict=True)), flush=True)
     finally:
         for k, v in saved.items():
-            setattr(planner, k, v)
+            setattr(home[k], k, v)
 
 
 if __name__ == "__main__":

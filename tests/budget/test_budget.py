@@ -647,3 +647,24 @@ def test_compare_measures_a_second_autoregressive_run_as_the_null_control(tiny_l
     base, null = tallies["autoregressive"], tallies["autoregressive:fixed"]
     assert base is not null and len(null.runs) == len(base.runs) == 4 and null.match == 4
     assert [r[:3] for r in null.runs] == [r[:3] for r in base.runs]  # (prompt, repeat, tokens): its own timings
+
+
+def test_machine_noise_reads_a_drift_as_a_spread_that_grows_with_the_lag():
+    """bench/machine_noise.py's reading of repeated timings of the same work: steady timings have no spread; a
+    pace that wanders leaves neighbours close and runs far apart far apart; an alternating jitter is the other way."""
+    import random
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from machine_noise import spread
+
+    steady = spread([2.0] * 20)
+    assert steady["cv"] == 0 and steady["range"] == (2.0, 2.0) and steady["lags"][1] == 0
+    rng, walk = random.Random(0), [0.0]
+    for _ in range(199):
+        walk.append(walk[-1] + rng.gauss(0, 0.01))  # a pace that wanders: log-time a random walk
+    drift = spread([math.exp(w) for w in walk])
+    assert drift["lags"][16] > 2.5 * drift["lags"][1]  # √16 = 4 for a true walk
+    jitter = spread([1.0 if i % 2 else 1.2 for i in range(40)])
+    assert jitter["lags"][1] > 0.1 and jitter["lags"][2] == pytest.approx(0.0, abs=1e-12)
