@@ -3,8 +3,10 @@
 A guess's chance is its parent's times its rate: how often a guess of its (source, depth, sibling rank) follows
 a right parent, counted over every guess proposed, kept or trimmed, once the output shows whether it followed
 (for a sampled target that is the chance it is accepted, too). Sparse keys lean on coarser ones: the rate of
-(source, depth, rank) is shrunk toward (source, depth), that toward (source), that toward 1/4 for a first
-guess (1/8 for the second, …), each by the weight of ``PRIOR`` guesses. Counts halve every ``WINDOW`` drafts
+(source, depth, rank) is shrunk toward the rate of (source, depth) on the guesses of other ranks, that toward the
+rate of (source) on other depths, that toward 1/4 for a first guess (1/8 for the second, …), each by the weight of
+``PRIOR`` guesses: every guess counts once (shrunk toward rates that hold it too, one miss took a fresh key from
+0.25 to 0.07). Counts halve every ``WINDOW`` drafts
 counted (rates follow the text) and start afresh with each dataset category. A source fed by a pool is counted
 apart by the width that fed it (``<source>@w<width>``, ``<source>@dry`` with none), starting at what the whole
 pool brought.
@@ -54,8 +56,12 @@ class AcceptanceStats:
         if key not in self._rates:
             base, _, pool = source.partition("@")
             r = self.rate(base, depth, rank) if pool else BASE_RATE / 2**rank
-            for k in ((source,), (source, depth), key):
-                r = (self.accepted[k] + PRIOR * r) / (self.drafted[k] + PRIOR)
+            keys = ((source,), (source, depth), key)
+            for k, finer in zip(keys, (*keys[1:], None), strict=True):  # each guess counted once: a key's rate
+                n, a = self.drafted[k], self.accepted[k]  # on the guesses its finer key did not count
+                if finer is not None:
+                    n, a = n - self.drafted[finer], a - self.accepted[finer]
+                r = (a + PRIOR * r) / (n + PRIOR)
             self._rates[key] = r
         return self._rates[key]
 

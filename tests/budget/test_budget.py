@@ -16,7 +16,7 @@ from methods.lookahead import Lookahead, LookaheadConfig
 from methods.registry import get_method
 from methods.spectra_core import SpectraCore, SpectraCoreConfig
 from methods.token_recycling import TokenRecycling, TokenRecyclingConfig
-from specbench.budget.acceptance import AcceptanceStats, fed, node_scores, positions
+from specbench.budget.acceptance import PRIOR, AcceptanceStats, fed, node_scores, positions
 from specbench.budget.costs import CostModel
 from specbench.budget.drafting import WINDOW
 from specbench.budget.planner import EXPLORE_EVERY, AutoBudget, best_prefix, subdraft, widths
@@ -180,16 +180,19 @@ def test_measure_and_cache_on_a_tiny_model(tiny_llama, tmp_path, monkeypatch):
 
 
 def shrink(accepted, drafted, toward):
-    return (accepted + 2.0 * toward) / (drafted + 2.0)
+    return (accepted + PRIOR * toward) / (drafted + PRIOR)
 
 
 def test_acceptance_rates_by_source_depth_and_rank():
     stats = AcceptanceStats()
     assert stats.rate(SOURCE_FWD, 1) == pytest.approx(0.25)  # nothing seen: the base rate
     stats.observe_output(Draft.chain([5, 6], SOURCE_FWD), [5, 9])  # the first guess followed, the second not
-    source = shrink(1, 2, 0.25)
-    assert stats.rate(SOURCE_FWD, 1) == pytest.approx(shrink(1, 1, shrink(1, 1, source)))
-    assert stats.rate(SOURCE_FWD, 2) == pytest.approx(shrink(0, 1, shrink(0, 1, source)))
+    source = shrink(1, 2, 0.25)  # each guess counts once: a key shrinks toward the coarser rate without it
+    assert stats.rate(SOURCE_FWD, 1) == pytest.approx(shrink(1, 1, shrink(0, 1, 0.25)))  # the other depth's miss
+    assert stats.rate(SOURCE_FWD, 2) == pytest.approx(shrink(0, 1, shrink(1, 1, 0.25)))  # the other depth's hit
+    once = AcceptanceStats()
+    once.observe_output(Draft.chain([5], SOURCE_FWD), [6])  # one miss moves a fresh key a little (three keys
+    assert once.rate(SOURCE_FWD, 1) == pytest.approx(shrink(0, 1, 0.25))  # counting it each: to 0.07)
     assert stats.rate(SOURCE_FWD, 3, 0) == pytest.approx(source)  # unseen key: its source's rate
     assert stats.rate(SOURCE_FWD, 3, 2) == pytest.approx(shrink(1, 2, 0.25 / 4))  # a third sibling's prior: 1/16
     shared = Draft.from_sequences([[7], [7]], [SOURCE_FWD, SOURCE_BWD])  # one node, two sources
@@ -388,7 +391,8 @@ def test_a_pool_that_never_pays_is_explored_ever_more_rarely_within_the_allowanc
     curve), its drafting 2% of a step: the first step sends the pool, then the guesses alone are tried, then
     plain steps, with the whole draft explored after 16 steps, the wait doubling for each plain step's worth
     the explorations (the first draft among them) lost. At every step the regret is within the
-    allowance, and it spends far less than the allowance. A pool whose steps bring 1.5 tokens is sent throughout
+    allowance, and it spends far less than the allowance. The first misses leave its rate uncertain (each counted
+    once): the pool may be chosen again within the first WINDOW steps, never after. A pool whose steps bring 1.5 tokens is sent throughout
     and earns negative regret."""
     nearly_flat = CostModel(qs=[1, 2], contexts=[0], seconds=[[1.0, 1.02]])
     for brings, pays in ((0, False), (1, True)):
@@ -405,7 +409,9 @@ def test_a_pool_that_never_pays_is_explored_ever_more_rarely_within_the_allowanc
             assert len(sent) > 570 and budget.regret < 0  # not known: the counts halve every WINDOW drafts
         else:
             explored = [i for i, why in enumerate(budget.why) if why == "explored"]
-            assert sent == [0, *explored] and budget.why[0] == "first" and budget.why[-1] == "plain"
+            assert sent[0] == 0 and budget.why[0] == "first" and budget.why[-1] == "plain"
+            late = [i for i in sent if i >= WINDOW]  # after a few misses (each counted once), only explorations
+            assert late == [i for i in explored if i >= WINDOW] and len(late) > 5
             gaps = [b - a for a, b in zip([0, *explored], explored, strict=False)]
             assert 17 < gaps[0] < 34  # 16 steps, lengthened by what the first draft, the first exploration, lost
             assert gaps == sorted(gaps) and gaps[-1] > 2 * gaps[0]  # ever more rarely
