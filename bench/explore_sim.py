@@ -33,8 +33,12 @@ CASES = [
     ("never pays, head-like, 4,000 steps", 0.0, 4000, HEAD, 0),
     ("right 30%, 512 steps", 0.3, 512, (0.002, 0.002), 0),
     ("right 50%, 4 ms a level, 512 steps", 0.5, 512, (0.002, 0.004), 0),
+    ("right 50%, head-like, 512 steps", 0.5, 512, HEAD, 0),
+    ("right 60%, head-like, 512 steps", 0.6, 512, HEAD, 0),
     ("right 80%, 512 steps", 0.8, 512, (0.002, 0.002), 0),
+    ("right 90% after 300 that never are", 0.9, 400, (0.002, 0.002), 300),
     ("right 90% after 400 that never are", 0.9, 400, (0.002, 0.002), 400),
+    ("right 90% after 500 that never are", 0.9, 400, (0.002, 0.002), 500),
     ("right 60% after 400 that never are", 0.6, 400, (0.002, 0.004), 400),
     ("right 90% after 2,000 that never are", 0.9, 1000, (0.002, 0.002), 2000),
 ]
