@@ -6,10 +6,9 @@ a right parent, counted over every guess proposed, kept or trimmed, once the out
 (source, depth, rank) is shrunk toward the rate of (source, depth) on the guesses of other ranks, that toward the
 rate of (source) on other depths, that toward 1/4 for a first guess (1/8 for the second, …), each by the weight of
 ``PRIOR`` guesses: every guess counts once (shrunk toward rates that hold it too, one miss took a fresh key from
-0.25 to 0.07). Counts halve every ``WINDOW`` drafts
-counted (rates follow the text) and start afresh with each dataset category. A source fed by a pool is counted
-apart by the width that fed it (``<source>@w<width>``, ``<source>@dry`` with none), starting at what the whole
-pool brought.
+0.25 to 0.07). Counts halve every ``WINDOW`` drafts counted (rates follow the text) and start afresh with each
+dataset category. A source fed by a pool is counted apart by the width that fed it (``<source>@w<width>``,
+``<source>@dry`` with none), starting at what the whole pool brought.
 """
 
 from __future__ import annotations

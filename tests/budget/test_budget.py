@@ -191,8 +191,8 @@ def test_acceptance_rates_by_source_depth_and_rank():
     assert stats.rate(SOURCE_FWD, 1) == pytest.approx(shrink(1, 1, shrink(0, 1, 0.25)))  # the other depth's miss
     assert stats.rate(SOURCE_FWD, 2) == pytest.approx(shrink(0, 1, shrink(1, 1, 0.25)))  # the other depth's hit
     once = AcceptanceStats()
-    once.observe_output(Draft.chain([5], SOURCE_FWD), [6])  # one miss moves a fresh key a little (three keys
-    assert once.rate(SOURCE_FWD, 1) == pytest.approx(shrink(0, 1, 0.25))  # counting it each: to 0.07)
+    once.observe_output(Draft.chain([5], SOURCE_FWD), [6])  # one miss moves a fresh key to 1/6, once (counted at
+    assert once.rate(SOURCE_FWD, 1) == pytest.approx(shrink(0, 1, 0.25))  # each of three keys it went to 0.07)
     assert stats.rate(SOURCE_FWD, 3, 0) == pytest.approx(source)  # unseen key: its source's rate
     assert stats.rate(SOURCE_FWD, 3, 2) == pytest.approx(shrink(1, 2, 0.25 / 4))  # a third sibling's prior: 1/16
     shared = Draft.from_sequences([[7], [7]], [SOURCE_FWD, SOURCE_BWD])  # one node, two sources
@@ -392,8 +392,8 @@ def test_a_pool_that_never_pays_is_explored_ever_more_rarely_within_the_allowanc
     plain steps, with the whole draft explored after 16 steps, the wait doubling for each plain step's worth
     the explorations (the first draft among them) lost. At every step the regret is within the
     allowance, and it spends far less than the allowance. The first misses leave its rate uncertain (each counted
-    once): the pool may be chosen again within the first WINDOW steps, never after. A pool whose steps bring 1.5 tokens is sent throughout
-    and earns negative regret."""
+    once): the pool may be chosen again within the first WINDOW steps, never after. A pool whose steps bring 1.5
+    tokens is sent throughout and earns negative regret."""
     nearly_flat = CostModel(qs=[1, 2], contexts=[0], seconds=[[1.0, 1.02]])
     for brings, pays in ((0, False), (1, True)):
         budget, tokens = AutoBudget(nearly_flat, aux_feeds=(SOURCE_FWD, SOURCE_BWD)), [9]
