@@ -39,12 +39,16 @@ control, as many pieces drawn at random from the same subset (``python -m specbe
 refine --select random``), so that refinement is compared at a matched store size. The lookup time per
 step and each store's size and build time are printed too. ``autoregressive:fixed`` is a second
 autoregressive run measured as a method: the null control, what the speed line reads for a method that
-costs nothing on these prompts and repeats.
+costs nothing on these prompts and repeats. ``--split``: where each ``auto`` preset's decode time went beyond
+autoregressive decoding's steps at the same positions (greedy: step i of each decodes after the same tokens
+until a guess is accepted), as shares of its time: the steps the planner let draft (its choices, probes and
+first drafts) and the plain ones, with a plain step's drafting and planning in ms against the loop's own.
 
     python bench/compare.py --data gsm8k=/path/gsm8k_test.jsonl
     python bench/compare.py --temperature 1 --repeats 3 --prompts 5 --methods pld spectra_core-cpu
     python bench/compare.py --dtypes bfloat16 --datasets mtbench --prompts 2 --max-new-tokens 64
     python bench/compare.py --dtypes float32 --plan-dtype bfloat16 --methods spectra_core-cpu spectra_core-cpu:fixed
+    python bench/compare.py --dtypes float32 --split --methods autoregressive:fixed eagle-cpu:auto
     python bench/compare.py --methods pld spectra_core-cpu rest-cpu spectra_retrieval-cpu \
         spectra_retrieval-cpu:norefine spectra-cpu --datasets humaneval mtbench
 """
@@ -153,10 +157,16 @@ class Tally:
         self.runs: list[tuple[int, int, int, float]] = []  # (prompt, repeat, tokens, seconds) of each generation
         self.drafted = self.accepted = 0  # a peer engine's guesses drafted and accepted (its own counts)
         self.same_as_ours = 0  # a peer engine's autoregressive outputs equal to ours
+        # (prompt, repeat): each decode step's seconds, drafting seconds and whether the planner let it draft
+        self.gens: dict[tuple[int, int], tuple[list[float], list[float], list[bool]]] = {}
+        self.planned = False  # a planner (budget=auto, static) decided its steps
 
     def add(self, rec, seconds: float, same: bool, cost: CostModel | None = None, prompt: int = 0,
-            repeat: int = 0) -> None:
+            repeat: int = 0, whys: list[str] | None = None) -> None:
         self.runs.append((prompt, repeat, rec.new_tokens, seconds))
+        self.planned = self.planned or whys is not None
+        drafting = [why != "plain" for why in whys] if whys else [q > 0 for q in rec.step_drafted[1:]]
+        self.gens[(prompt, repeat)] = (rec.step_times[1:], rec.step_draft_s[1:], drafting)
         if cost is not None:
             context = rec.prompt_len + rec.step_tokens[0]
             for q, a, k, d in zip(rec.step_drafted[1:], rec.step_aux[1:], rec.step_tokens[1:], rec.step_draft_s[1:],
@@ -272,10 +282,13 @@ def bench(loaded, prompts, presets: list[str], max_new: int, run_cfg=None, store
             return out, None, time.perf_counter() - start
         if drafters[name].needs_reference:
             references(ids)  # before the clock starts
+        seen = len(budgets[name].why) if name in budgets else 0
         start = time.perf_counter()
         rec = generate(target, drafters[name], ids, max_new_tokens=n, eos_token_ids=eos, planner=budgets.get(name),
                        sampling=sampling, generator=generator)
-        return rec.output_ids, rec, time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        rec.whys = budgets[name].why[seen:] if name in budgets else None  # the planner's reason for each step
+        return rec.output_ids, rec, seconds
 
     # transformers' prompt lookup decodes greedily only
     names = list(drafters) + (["hf_pld"] if sampling.greedy and hf_pld else []) + list(engines)
@@ -314,7 +327,7 @@ def bench(loaded, prompts, presets: list[str], max_new: int, run_cfg=None, store
                 elif rec is None:  # hf_pld: only tokens and time
                     tallies[name].add_tokens(out, seconds, same, i, rep)
                 else:
-                    tallies[name].add(rec, seconds, same, cost, i, rep)
+                    tallies[name].add(rec, seconds, same, cost, i, rep, rec.whys)
     return tallies
 
 
@@ -324,7 +337,28 @@ def engine_baseline(name: str) -> str:
     return f"{engine}:ar" if engine in ENGINES else "autoregressive"
 
 
-def report(dtype: str, dataset: str, tallies: dict[str, Tally], greedy: bool = True) -> None:
+def time_split(t: Tally, base: Tally) -> str:
+    """Where ``t``'s decode steps' seconds went beyond ``base``'s steps at the same positions (greedy, equal
+    outputs: step i of each decodes after the same tokens until a guess is accepted), as shares of ``base``'s
+    decode time: the steps the planner let draft, the plain ones; a plain step's drafting seconds (the
+    drafter's check and the planner's bookkeeping) against ``base``'s (the loop's own)."""
+    over, steps, stopped, own, total = {True: 0.0, False: 0.0}, {True: 0, False: 0}, [], [], 0.0
+    for key, (times, _, _) in base.gens.items():
+        total += sum(times)
+        own += base.gens[key][1]
+    for key, (times, draft_s, drafting) in t.gens.items():
+        plain_s = base.gens[key][0] if key in base.gens else []
+        for s, d, drafted, b in zip(times, draft_s, drafting, plain_s, strict=False):
+            over[drafted] += s - b
+            steps[drafted] += 1
+            if not drafted:
+                stopped.append(d)
+    return (f"drafting {100 * over[True] / total:+.2f}% ({steps[True]} steps), plain {100 * over[False] / total:+.2f}%"
+            f" ({steps[False]} steps, drafting and planning {1e3 * np.mean(stopped or [0]):.3f} ms a step against "
+            f"the loop's {1e3 * np.mean(own or [0]):.3f})")
+
+
+def report(dtype: str, dataset: str, tallies: dict[str, Tally], greedy: bool = True, split: bool = False) -> None:
     for name, t in tallies.items():
         base = tallies[engine_baseline(name)]
         tau = f"{t.tokens / t.steps:5.2f}" if t.steps else "    -"
@@ -352,6 +386,8 @@ def report(dtype: str, dataset: str, tallies: dict[str, Tally], greedy: bool = T
             f" {sp['time_ratio']:5.2f}x {modelled} {mac} {mic} {width} {aux} {overhead} {share} {lookup}"
             f"  {same:10} {line}"
         )
+        if split and greedy and t.planned:
+            print(f"{'':21} {name:30} beyond autoregressive decoding's steps: {time_split(t, base)}")
     for engine in ENGINES:
         ar, ours = tallies.get(f"{engine}:ar"), tallies["autoregressive"]
         if ar is not None and ar.seconds and ours.seconds:
@@ -405,6 +441,9 @@ def main() -> None:
     ap.add_argument("--engine-draft", help="a model preset of the same tokenizer: adds llama.cpp:draft-simple, "
                     "drafting with its GGUF")
     ap.add_argument("--stores", nargs="*", default=[], help="DATASET=STORE: the store retrieval presets read")
+    ap.add_argument("--split", action="store_true",
+                    help="(greedy) after each row, where its decode time went beyond autoregressive decoding's steps "
+                    "at the same positions: the steps the planner let draft, the plain ones")
     ap.add_argument("--remeasure", action="store_true",
                     help="measure the cost curve anew (and cache it): a curve measured while the machine ran at "
                     "another speed (other load, another clock) skews the plan and the model column")
@@ -470,7 +509,7 @@ def main() -> None:
                 except ConfigError as err:  # a store that is missing or overlaps these prompts
                     print(f"(skipping {name}: {err})")
                     continue
-            report(dtype, name, tallies, sampling.greedy)
+            report(dtype, name, tallies, sampling.greedy, args.split)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,10 @@ The loop is the tests' (``tests/budget/simulated.py``): a chain of guesses each 
 seconds from a clock the run sets (a head-like drafter: 8 ms a draft plus 2 ms a level; a cheap one: 0.2 ms plus
 2 ms), forwards priced by a CPU-like curve (a plain step 20 ms). Each cell is the mean over ``--seeds`` texts of
 tokens ÷ modelled time in plain steps: 1.000 is plain decoding's speed. Deterministic: a reviewer gets the same
-table. Run:
+table. ``--losses``: where nothing pays, what each kind of step (the first draft, chosen, explored) lost in plain
+steps, for a cheap, a head-like and a dear drafter over runs of growing length. Run:
     python bench/explore_sim.py --set EXPLORE_EVERY=16,32,64 --set ALLOWANCE_SHARE=0.01,0.003
+    python bench/explore_sim.py --losses
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import argparse
 import itertools
 import statistics
 import sys
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' simulated loop
@@ -25,7 +28,8 @@ import specbench.budget.planner as planner  # noqa: E402
 from tests.budget.simulated import simulate  # noqa: E402
 from tests.budget.test_planner import calibrated, level_clock  # noqa: E402
 
-HEAD, CHEAP = (0.008, 0.002), (0.0002, 0.002)  # drafting seconds: a draft's fixed part, each level's
+HEAD, CHEAP, DEAR = (0.008, 0.002), (0.0002, 0.002), (0.02, 0.004)  # drafting seconds: a draft's fixed part,
+# each level's
 # (name, chance a guess is right (or of the step), steps, drafting costs, steps of never-right guesses before)
 CASES = [
     ("never pays, head-like, 512 steps", 0.0, 512, HEAD, 0),
@@ -58,13 +62,47 @@ def speed(chance: float, steps: int, costs: tuple[float, float], before: int, se
     return statistics.mean(out)
 
 
+class Tally:
+    """A planner's stand-in that keeps what each kind of step lost against plain decoding, in plain steps."""
+
+    def __init__(self, inner: planner.AutoBudget) -> None:
+        self.inner, self.lost, self.steps = inner, Counter(), Counter()
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def record(self, draft, accepted_nodes, draft_s: float = 0.0) -> None:
+        before = self.inner.elapsed
+        self.inner.record(draft, accepted_nodes, draft_s=draft_s)
+        why = self.inner.why[-1]
+        self.steps[why] += 1
+        self.lost[why] += self.inner.elapsed - before - (1 + len(accepted_nodes))
+
+
+def losses() -> None:
+    """Where nothing pays (deterministic: no guess is ever right, whatever the seed)."""
+    print(f"{'drafter (drafting s: fixed, a level)':38} {'steps':>6}  plain steps lost by kind (steps of that kind)")
+    for label, costs in (("cheap", CHEAP), ("head-like", HEAD), ("dear", DEAR)):
+        for steps in (512, 1024, 2048, 4096):
+            clock = level_clock(base=costs[0], per_level=costs[1], stopped=0.0)
+            tally = Tally(calibrated(clock))
+            simulate(tally, steps, 0.0, clock)
+            kinds = ", ".join(f"{why} {tally.lost[why]:.2f} ({tally.steps[why]})" for why in planner.WHY
+                              if tally.steps[why] and why != "plain")
+            print(f"{label + ' ' + str(costs):38} {steps:6d}  {sum(tally.lost.values()):.2f}: {kinds}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--set", action="append", default=[], metavar="NAME=V1,V2",
                     help="a constant of the planner or the acceptance model (PRIOR, BASE_RATE) and the values to "
                     "try (every combination is a column)")
     ap.add_argument("--seeds", type=int, default=8)
+    ap.add_argument("--losses", action="store_true", help="where nothing pays: what each kind of step lost, in "
+                    "plain steps, by drafting cost and run length")
     args = ap.parse_args()
+    if args.losses:
+        return losses()
     grid, home = {}, {}
     for item in args.set:
         name, _, values = item.partition("=")

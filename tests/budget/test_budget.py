@@ -623,6 +623,36 @@ def test_compare_models_each_decode_step_at_its_context():
     assert plain.modelled_s == 0.0
 
 
+def test_compare_splits_a_presets_time_beyond_autoregressive_decoding_by_what_the_planner_decided():
+    """bench/compare.py's --split: each decode step against the baseline's step at the same position in the same
+    prompt and repeat, summed apart for the steps the planner let draft (its reasons, not whether guesses were
+    verified: a probe that verified none drafted) and the plain ones, as shares of the baseline's decode time."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from compare import Tally, time_split
+
+    from specbench.core.record import GenerationRecord
+
+    def record(times, drafted, draft_s):
+        n = len(times)
+        return GenerationRecord(prompt_len=4, output_ids=[7] * n, step_tokens=[1] * (n + 1),
+                                step_times=[0.5, *times], step_drafted=[0, *drafted], step_aux=[0] * (n + 1),
+                                step_draft_s=[0.0, *draft_s], step_lookup_s=[0.0] * (n + 1))
+
+    base, method = Tally(), Tally()
+    base.add(record([1.0, 1.0, 1.0], [0, 0, 0], [0.0005] * 3), 3.5, True)
+    # a probe that drafted for 0.5 s and verified nothing, then two plain steps (one 0.1 s slow)
+    method.add(record([2.0, 1.1, 1.0], [0, 0, 0], [0.5, 0.001, 0.002]), 4.6, True, whys=["explored", "plain", "plain"])
+    out = time_split(method, base)
+    assert out.startswith("drafting +33.33% (1 steps), plain +3.33% (2 steps")
+    assert "1.500 ms a step against the loop's 0.500" in out
+    unplanned = Tally()  # no planner: a step drafted when it verified guesses
+    unplanned.add(record([2.0, 1.1, 1.0], [0, 0, 0], [0.5, 0.001, 0.002]), 4.6, True)
+    assert time_split(unplanned, base).startswith("drafting +0.00% (0 steps), plain +36.67% (3 steps")
+
+
 def test_compare_reads_the_speed_line_exactly():
     """bench/compare.py's line column: at least 0.97× with an interval reaching 1.00, the top read unrounded."""
     import sys
