@@ -84,28 +84,30 @@ class Medusa(Drafter):
         else:
             self.paths = [p for p in MC_SIM_7B_63 if len(p) <= len(heads)]
         self.ranks = [1 + max((p[d] for p in self.paths if len(p) > d), default=-1) for d in range(len(heads))]
-        self.last: torch.Tensor | None = None
+        self.features: dict[int, torch.Tensor] | None = None  # the last step's states (the root's row last)
 
     def provenance(self) -> dict[str, Any]:
         return self.head_columns
 
     def spawn(self) -> Medusa:
         twin = copy.copy(self)  # the same heads (shared weights); the last state is per request
-        twin.last = None
+        twin.features = None
         return twin
 
     def start(self, prompt_ids: list[int]) -> None:
-        self.last = None
+        self.features = None
 
     def _last(self, features: dict[int, torch.Tensor]) -> torch.Tensor:
         """The final state of the row whose next token is the root, on the heads' device."""
         return features[-1][-1:].to(self.device, self.dtype, non_blocking=True)
 
     def prefilled(self, features: dict[int, torch.Tensor]) -> None:
-        self.last = self._last(features)
+        self.features = features
 
     def update(self, result: VerifyResult) -> None:
-        self.last = self._last(result.features)
+        """Keep the step's states: they are brought to the heads when they draft, so a stopped step
+        (``budget=auto``) costs the heads nothing."""
+        self.features = result.features
 
     def propose(self, state: DecodeState) -> Draft | None:
         return self.propose_rows([self], [state])[0]
@@ -116,11 +118,11 @@ class Medusa(Drafter):
         final states and every row's candidates in one read; each row keeps its own depth cap."""
         out: list[Draft | None] = [None] * len(drafters)
         rows = [(i, d, min(len(d.heads), s.max_depth)) for i, (d, s) in enumerate(zip(drafters, states, strict=True))]
-        rows = [row for row in rows if row[1].last is not None and row[2] >= 1]
+        rows = [row for row in rows if row[1].features is not None and row[2] >= 1]
         if not rows:
             return out
         first, deepest = rows[0][1], max(depth for *_, depth in rows)
-        logits = first.heads.logits(torch.cat([d.last for _, d, _ in rows]), first.lm_head, first=deepest)
+        logits = first.heads.logits(torch.cat([d._last(d.features) for _, d, _ in rows]), first.lm_head, first=deepest)
         widest = max(first.ranks[:deepest])
         # every head's candidates for every row in one read (the first r of a sorted top-R are the top r)
         ranked = logits.topk(widest, dim=-1).indices.tolist() if widest else [[[]] * len(rows)] * deepest

@@ -14,7 +14,7 @@ from methods.eagle3 import Eagle3, Eagle3Config
 from methods.medusa import Medusa, MedusaConfig
 from specbench.core.acceptance import SamplingParams
 from specbench.core.decode import generate
-from specbench.core.draft import DecodeState, Drafter
+from specbench.core.draft import DecodeState, Draft, Drafter
 from specbench.core.forward import Target
 from specbench.drafting.dynamic_tree import Tree, grow, rerank
 from specbench.drafting.eagle_drafter import head_dir, trained_head_dir
@@ -740,6 +740,39 @@ def test_medusa_is_greedy_lossless_on_the_tiny_llama(tiny_llama, tiny_medusa_dir
     assert sum(sum(r.step_drafted) for r in recs) > 0
     drafter = make()
     assert len(drafter.paths) == 12 and drafter.paths[0] == (0,)
+
+
+def test_a_stopped_medusa_step_costs_the_heads_nothing_and_the_next_draft_reads_the_last_state(tiny_llama,
+                                                                                                tiny_medusa_dir):
+    """While ``budget=auto`` holds the heads at depth 0, a step keeps its states as they came (nothing brought to
+    the heads' device or dtype); the first draft after the pause reads the last of them, as a drafter that never
+    paused does: the same outputs, and drafts again once allowed."""
+    from specbench.core.draft import VerifyResult
+
+    class StopThenDraft:  # depth 0 for the first 5 decode steps, then the method's own draft
+        width_cap, steps = None, 0
+
+        def cap(self):
+            self.steps += 1
+            return 0 if self.steps <= 5 else None
+
+        def plan(self, draft, tokens):
+            return draft
+
+        def record(self, draft, path, draft_s=0.0):
+            pass
+
+        def finish(self, tokens):
+            pass
+
+    make = eagle_drafter(tiny_llama, tiny_medusa_dir, Medusa, MedusaConfig, nodes=12)
+    target, paused, always = Target(tiny_llama.model), make(), make()
+    rec = generate(target, paused, PROMPTS[2], max_new_tokens=24, planner=StopThenDraft())
+    assert rec.output_ids == generate(target, always, PROMPTS[2], max_new_tokens=24).output_ids
+    assert rec.step_drafted[1:6] == [0] * 5 and sum(rec.step_drafted[6:]) > 0
+    states = {-1: torch.zeros(2, tiny_llama.model.config.hidden_size, dtype=torch.float64)}  # not the heads' dtype
+    paused.update(VerifyResult([0], [7, 8], Draft.chain([7], "medusa"), features=states))
+    assert paused.features is states  # kept as it came: no copy while stopped
 
 
 def test_medusa_sampling_keeps_the_distribution(tmp_path):
