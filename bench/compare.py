@@ -256,6 +256,7 @@ def bench(loaded, prompts, presets: list[str], max_new: int, run_cfg=None, store
     sampling = sampling or SamplingParams()
     drafters = {"autoregressive": get_method("autoregressive")(None, vocab_size=loaded.vocab_size)}
     budgets = {}  # <preset>:auto: trimmed under the measured cost curve, statistics kept across prompts
+    whys: dict[str, list[str] | None] = {}  # each preset's last generation: the planner's reason for each step
     references = References(target, max_new, eos)  # the oracle's: each prompt's greedy output, made untimed
     for name in presets:
         method, cfg, budget = preset(name, run_cfg, store)
@@ -287,7 +288,7 @@ def bench(loaded, prompts, presets: list[str], max_new: int, run_cfg=None, store
         rec = generate(target, drafters[name], ids, max_new_tokens=n, eos_token_ids=eos, planner=budgets.get(name),
                        sampling=sampling, generator=generator)
         seconds = time.perf_counter() - start
-        rec.whys = budgets[name].why[seen:] if name in budgets else None  # the planner's reason for each step
+        whys[name] = budgets[name].why[seen:] if name in budgets else None  # the planner's reason for each step
         return rec.output_ids, rec, seconds
 
     # transformers' prompt lookup decodes greedily only
@@ -327,7 +328,7 @@ def bench(loaded, prompts, presets: list[str], max_new: int, run_cfg=None, store
                 elif rec is None:  # hf_pld: only tokens and time
                     tallies[name].add_tokens(out, seconds, same, i, rep)
                 else:
-                    tallies[name].add(rec, seconds, same, cost, i, rep, rec.whys)
+                    tallies[name].add(rec, seconds, same, cost, i, rep, whys[name])
     return tallies
 
 
@@ -342,10 +343,9 @@ def time_split(t: Tally, base: Tally) -> str:
     outputs: step i of each decodes after the same tokens until a guess is accepted), as shares of ``base``'s
     decode time: the steps the planner let draft, the plain ones; a plain step's drafting seconds (the
     drafter's check and the planner's bookkeeping) against ``base``'s (the loop's own)."""
-    over, steps, stopped, own, total = {True: 0.0, False: 0.0}, {True: 0, False: 0}, [], [], 0.0
-    for key, (times, _, _) in base.gens.items():
-        total += sum(times)
-        own += base.gens[key][1]
+    over, steps, stopped = {True: 0.0, False: 0.0}, {True: 0, False: 0}, []
+    total = sum(sum(times) for times, _, _ in base.gens.values())
+    own = [d for _, draft_s, _ in base.gens.values() for d in draft_s]
     for key, (times, draft_s, drafting) in t.gens.items():
         plain_s = base.gens[key][0] if key in base.gens else []
         for s, d, drafted, b in zip(times, draft_s, drafting, plain_s, strict=False):
