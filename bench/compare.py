@@ -93,12 +93,20 @@ ENGINE_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ng
 LINE = 0.97  # the speed line budget=auto is held to: at least this speedup, with an interval reaching 1.00
 
 
+def margin(sp: dict[str, float]) -> float:
+    """The added cost, as a share of the row's time, that keeps it on the line: ``on`` when ≥ 0. Scaling every
+    time of the row by 1 + c scales its speedup and each bootstrap resample (the same prompts drawn) by 1 / (1 + c),
+    so the row stays on the line exactly while c ≤ min(speedup / LINE, interval's top) − 1."""
+    return min(sp["speedup"] / LINE, sp["hi"]) - 1.0
+
+
 def on_the_line(sp: dict[str, float]) -> str:
     """``on`` when the speedup is at least :data:`LINE` and its interval's top reaches 1.00, read exactly (a top
-    of 0.996 prints as 1.00 and is off); ``-`` without an interval."""
+    of 0.996 prints as 1.00 and is off), with the :func:`margin` (what drafting could still cost, or how far off
+    the row is); ``-`` without an interval."""
     if not sp["hi"] == sp["hi"]:  # NaN: one prompt, no interval
         return "-"
-    return "on" if sp["speedup"] >= LINE and sp["hi"] >= 1.0 else "off"
+    return f"{'on' if margin(sp) >= 0 else 'off'} {100 * margin(sp):+.1f}%"
 
 
 DEFAULT_METHODS = ["pld", "anpd", "lookahead-cpu", "lookahead", "spectra_core-cpu", "spectra_core"]
@@ -471,7 +479,8 @@ def main() -> None:
           "limit: the speedup ÷ the oracle's (--methods oracle: the true continuation drafted, as many tokens a "
           "step as pay most on the cost curve), [interval]; "
           "time: Σ autoregressive s / Σ method s (the same figure only when outputs have equal lengths); "
-          f"line: on when the speedup is ≥ {LINE} and its interval's top ≥ 1.00, read unrounded")
+          f"line: on when the speedup is ≥ {LINE} and its interval's top ≥ 1.00, read unrounded, with the margin: "
+          "the added cost, as a share of the row's time, it could take and stay on (off: below 0)")
     print(
         f"{'dtype':9} {'dataset':10} {'method':30} {'τ':>5} {'speedup':30} {'limit':17} {'tok/s':>7} {'time':>6} "
         f"{'model':>6} {'Mac-TP':>7} "

@@ -9,6 +9,7 @@ import math
 import re
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -654,17 +655,30 @@ def test_compare_splits_a_presets_time_beyond_autoregressive_decoding_by_what_th
 
 
 def test_compare_reads_the_speed_line_exactly():
-    """bench/compare.py's line column: at least 0.97× with an interval reaching 1.00, the top read unrounded."""
+    """bench/compare.py's line column: at least 0.97× with an interval reaching 1.00, the top read unrounded, and
+    the margin: the added cost a row could take and stay on the line, exact for times scaled by 1 + c."""
     import sys
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-    from compare import on_the_line
+    from compare import Tally, margin, on_the_line, speedups
 
-    assert on_the_line({"speedup": 0.98, "lo": 0.95, "hi": 1.0}) == "on"
-    assert on_the_line({"speedup": 0.98, "lo": 0.95, "hi": 0.996}) == "off"  # prints as 1.00
-    assert on_the_line({"speedup": 0.968, "lo": 0.9, "hi": 1.2}) == "off"
+    assert on_the_line({"speedup": 0.98, "lo": 0.95, "hi": 1.0}) == "on +0.0%"
+    assert on_the_line({"speedup": 0.98, "lo": 0.95, "hi": 0.996}) == "off -0.4%"  # the top prints as 1.00
+    assert on_the_line({"speedup": 0.968, "lo": 0.9, "hi": 1.2}) == "off -0.2%"  # 0.968 / 0.97 − 1
     assert on_the_line({"speedup": 1.0, "lo": float("nan"), "hi": float("nan")}) == "-"
+    rng = np.random.default_rng(3)
+    base, row = Tally(), Tally()
+    for prompt in range(4):
+        for repeat in range(3):
+            base.runs.append((prompt, repeat, 128, 6.0 * rng.uniform(0.95, 1.05)))
+            row.runs.append((prompt, repeat, 128, 6.0 * rng.uniform(0.95, 1.05)))
+    c = margin(speedups(row, base))
+    assert c > 0.005  # room to spend: the row must still be on the line, and leave it just past the margin
+    for scale, side in ((1 + c - 1e-6, "on"), (1 + c + 1e-6, "off")):
+        scaled = Tally()
+        scaled.runs = [(p, r, n, s * scale) for p, r, n, s in row.runs]
+        assert on_the_line(speedups(scaled, base)).split()[0] == side
 
 
 def test_compare_measures_a_second_autoregressive_run_as_the_null_control(tiny_llama):
