@@ -103,10 +103,18 @@ def _maker(name, store, target, tmp_path, sampling: SamplingParams, model=None):
     # the oracle drafts the greedy output of the target it is verified against (the bigram target when sampling)
     reference = References(target if sampling.greedy or name in NEEDS_MODEL else BigramTarget(), 64)
 
+    loaded: list = []  # a head method's drafter, never decoded with: each one made is its twin
+
     def make():
+        if name in NEEDS_FEATURE_HEAD and loaded:  # the head loaded once, each request its own twin (as a batch
+            return loaded[0].spawn()  # makes them): their drafting draws nothing at random, so trials stay independent
         context = DrafterContext(sampling=sampling, target_model=model, target_name=TARGET_NAME,
                                  forward_cost=CostModel.flat(), reference=reference)
-        return cls(config, vocab_size=SMALL_VOCAB, seed=next(seeds), context=context)
+        drafter = cls(config, vocab_size=SMALL_VOCAB, seed=next(seeds), context=context)
+        if name not in NEEDS_FEATURE_HEAD:
+            return drafter
+        loaded.append(drafter)
+        return drafter.spawn()
 
     return make
 
