@@ -106,14 +106,19 @@ def _elem(x):
     return x.elem if isinstance(x, SimTensor) else x
 
 
+def _nests(x) -> bool:
+    """Lists, and tuples other than a shape (named ones and torch's return types too), hold leaves."""
+    return type(x) is list or (isinstance(x, tuple) and not isinstance(x, torch.Size))
+
+
 def _leaves(tree) -> list:
-    """The leaves of an op's arguments or outputs (tuples, lists and dicts nest; all else is a leaf): what
+    """The leaves of an op's arguments or outputs (:func:`_nests`, dicts' values; all else is a leaf): what
     ``torch.utils._pytree.tree_flatten`` finds there, at a fraction of its cost on every op."""
     out, stack = [], [tree]
     while stack:
         x = stack.pop()
         kind = type(x)
-        if kind is tuple or kind is list:
+        if _nests(x):
             stack.extend(reversed(x))
         elif kind is dict:
             stack.extend(reversed(list(x.values())))
@@ -125,8 +130,9 @@ def _leaves(tree) -> list:
 def _map(fn, tree):
     """``tree`` with ``fn`` applied to each leaf (the nesting of :func:`_leaves` kept)."""
     kind = type(tree)
-    if kind is tuple or kind is list:
-        return kind(_map(fn, x) for x in tree)
+    if _nests(tree):
+        items = [_map(fn, x) for x in tree]
+        return kind(*items) if hasattr(kind, "_fields") else kind(items)  # a named tuple takes its fields apart
     if kind is dict:
         return {k: _map(fn, v) for k, v in tree.items()}
     return fn(tree)
