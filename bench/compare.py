@@ -74,6 +74,7 @@ from specbench.budget.planner import AutoBudget
 from specbench.core.acceptance import SamplingParams
 from specbench.core.decode import generate
 from specbench.core.draft import DrafterContext
+from specbench.core.engine import FORWARD_MODES, make_target
 from specbench.core.forward import Target
 from specbench.core.reference import References
 from specbench.errors import ConfigError
@@ -255,29 +256,41 @@ def share_of_limit(t: Tally, base: Tally, oracle: Tally, oracle_base: Tally) -> 
 
 def bench(loaded, prompts, presets: list[str], max_new: int, run_cfg=None, store=None, cost=None,
           sampling: SamplingParams | None = None, repeats: int = 1, hf_pld: bool = True,
-          engines: dict | None = None) -> dict[str, Tally]:
+          engines: dict | None = None, forwards: tuple[str, ...] = ("eager",)) -> dict[str, Tally]:
     """``engines``: peer servers by row name (``llama.cpp:ar``, ``llama.cpp:<spec type>``), sent the same prompts
-    in the same rotation (greedy)."""
+    in the same rotation (greedy). ``forwards``: the forward modes every row runs in (a row of a mode other than
+    eager is named ``<row>@<mode>``, its speedup over ``autoregressive@<mode>``)."""
     engines = engines or {}
     target = Target(loaded.model)
+    targets = {mode: target if mode == "eager" else make_target(loaded.model, mode) for mode in forwards}
+    for mode, t in targets.items():
+        if hasattr(t, "warm"):
+            print(f"  forward={mode}: compiled every width in {t.warm():.1f} s (not timed as decoding)")
     eos = loaded.eos_token_ids
     sampling = sampling or SamplingParams()
     drafters = {"autoregressive": get_method("autoregressive")(None, vocab_size=loaded.vocab_size)}
     budgets = {}  # <preset>:auto: trimmed under the measured cost curve, statistics kept across prompts
     whys: dict[str, list[str] | None] = {}  # each preset's last generation: the planner's reason for each step
     references = References(target, max_new, eos)  # the oracle's: each prompt's greedy output, made untimed
-    for name in presets:
+    rows = [(name, mode) for mode in forwards for name in ["autoregressive", *presets]]
+    on = {}  # each row's target
+    for name, mode in rows:
+        row = name if mode == "eager" else f"{name}@{mode}"
+        on[row] = targets[mode]
+        if name == "autoregressive":
+            drafters[row] = get_method("autoregressive")(None, vocab_size=loaded.vocab_size)
+            continue
         method, cfg, budget = preset(name, run_cfg, store)
         context = DrafterContext(sampling=sampling, device=loaded.device, target_model=loaded.model,
                                  target_name=loaded.name,  # drafters that read the target (EAGLE, Medusa)
                                  forward_cost=cost, reference=references)
-        drafters[name] = get_method(method)(
+        drafters[row] = get_method(method)(
             cfg, vocab_size=loaded.vocab_size, seed=0, tokenizer=loaded.tokenizer, context=context
         )
         if budget in ("auto", "static"):  # the warm-up's planner measures what drafting costs, as a run's does
-            budgets[name] = AutoBudget(cost, aux_feeds=get_method(method).AUX_FEEDS, static=budget == "static",
+            budgets[row] = AutoBudget(cost, aux_feeds=get_method(method).AUX_FEEDS, static=budget == "static",
                                        calibrating=True, catches_up=drafters[name].catches_up)
-        if getattr(cfg, "_store_path", None):
+        if getattr(cfg, "_store_path", None) and mode == forwards[0]:
             print(f"  {name} reads {store_facts(cfg._store_path)}")
 
     def once(name, ids, n, seed):
@@ -293,7 +306,7 @@ def bench(loaded, prompts, presets: list[str], max_new: int, run_cfg=None, store
             references(ids)  # before the clock starts
         seen = len(budgets[name].why) if name in budgets else 0
         start = time.perf_counter()
-        rec = generate(target, drafters[name], ids, max_new_tokens=n, eos_token_ids=eos, planner=budgets.get(name),
+        rec = generate(on[name], drafters[name], ids, max_new_tokens=n, eos_token_ids=eos, planner=budgets.get(name),
                        sampling=sampling, generator=generator)
         seconds = time.perf_counter() - start
         whys[name] = budgets[name].why[seen:] if name in budgets else None  # the planner's reason for each step
@@ -327,7 +340,7 @@ def bench(loaded, prompts, presets: list[str], max_new: int, run_cfg=None, store
             if sampling.greedy and len(ref) == max_new:
                 references.add(ids, ref)
             for name, (out, rec, seconds) in outs.items():
-                own = outs[engine_baseline(name)][0] if name in engines else ref  # an engine: its own AR's
+                own = outs[engine_baseline(name)][0]  # an engine's or a mode's own autoregressive output
                 same = sampling.greedy and out == own
                 if name == engine_baseline(name) and name in engines:  # the two engines' greedy outputs
                     tallies[name].same_as_ours += sampling.greedy and out == ref
@@ -341,9 +354,10 @@ def bench(loaded, prompts, presets: list[str], max_new: int, run_cfg=None, store
 
 
 def engine_baseline(name: str) -> str:
-    """The row a row's speedup is over: a peer engine's own autoregressive run, else ours."""
+    """The row a row's speedup is over: a peer engine's own autoregressive run, else ours in the row's mode."""
     engine = name.partition(":")[0]
-    return f"{engine}:ar" if engine in ENGINES else "autoregressive"
+    mode = name.partition("@")[2]
+    return f"{engine}:ar" if engine in ENGINES else f"autoregressive@{mode}" if mode else "autoregressive"
 
 
 def time_split(t: Tally, base: Tally) -> str:
@@ -397,11 +411,14 @@ def report(dtype: str, dataset: str, tallies: dict[str, Tally], greedy: bool = T
         if split and greedy and t.planned:
             print(f"{'':21} {name:30} beyond autoregressive decoding's steps: {time_split(t, base)}")
     for engine in ENGINES:
-        ar, ours = tallies.get(f"{engine}:ar"), tallies["autoregressive"]
-        if ar is not None and ar.seconds and ours.seconds:
-            print(f"{dtype:9} {dataset:10} {engine}:ar against our autoregressive decoding: "
-                  f"{(ar.tokens / ar.seconds) / (ours.tokens / ours.seconds):.2f}x the tokens/s, "
-                  + (f"outputs equal to ours {ar.same_as_ours}/{ar.n}" if greedy else ""))
+        ar = tallies.get(f"{engine}:ar")
+        for row in [r for r in tallies if r.partition("@")[0] == "autoregressive"]:
+            ours = tallies[row]
+            if ar is not None and ar.seconds and ours.seconds:
+                print(f"{dtype:9} {dataset:10} {engine}:ar against our {row}: "
+                      f"{(ar.tokens / ar.seconds) / (ours.tokens / ours.seconds):.2f}x the tokens/s; ours "
+                      f"{(ours.tokens / ours.seconds) / (ar.tokens / ar.seconds):.2f}x theirs, "
+                      + (f"outputs equal to ours {ar.same_as_ours}/{ar.n}" if greedy else ""))
 
 
 def peer_servers(args, loaded, dtype: str) -> list:
@@ -439,6 +456,9 @@ def main() -> None:
                     "and repeat, the same draws for every method)")
     ap.add_argument("--repeats", type=int, default=1, help="measure every prompt this many times (each repeat "
                     "replicates the run); speedups then show ±their spread over repeats")
+    ap.add_argument("--forward", nargs="+", default=["eager"], choices=FORWARD_MODES,
+                    help="the forward modes every row runs in, side by side (compiled: rows <row>@compiled, "
+                         "over autoregressive@compiled)")
     ap.add_argument("--no-hf-pld", action="store_true", help="leave out transformers' prompt lookup")
     ap.add_argument("--engines", nargs="*", default=[], choices=ENGINES,
                     help="peer engines run beside ours on the same weights (a GGUF of the loaded dtype) and prompts, "
@@ -514,7 +534,8 @@ def main() -> None:
                 engines = {row: stack.enter_context(server) for row, server in peer_servers(args, loaded, dtype)}
                 try:
                     tallies = bench(loaded, prompts, args.methods, args.max_new_tokens, run_cfg, stores.get(name),
-                                    cost, sampling, args.repeats, not args.no_hf_pld, engines)
+                                    cost, sampling, args.repeats, not args.no_hf_pld, engines,
+                                    tuple(args.forward))
                 except ConfigError as err:  # a store that is missing or overlaps these prompts
                     print(f"(skipping {name}: {err})")
                     continue

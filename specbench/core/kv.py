@@ -168,6 +168,15 @@ class RowCache(Cache):
         span = max(self.lengths[lo:hi]) + q
         return rows[0, :, :, :span], rows[1, :, :, :span]
 
+    def allocate(self, heads: int, dim: int, dtype: torch.dtype, capacity: int) -> None:
+        """Every device's buffer now, at ``capacity`` entries a row: it is never regrown, so its address holds
+        for the cache's life (the static shapes of ``forward=compiled``). Its entries are zeroed as forwards
+        first read them, as a grown buffer's are."""
+        for device, count in self._count.items():
+            self.stores[device] = torch.empty((count, 2, self.slots, heads, capacity, dim), dtype=dtype,
+                                              device=device)
+        self.capacity, self.touched, self.limit = capacity, 0, capacity
+
     def _allocate(self, device: torch.device, keys: torch.Tensor) -> torch.Tensor:
         _, heads, _, dim = keys.shape
         store = torch.empty((self._count[device], 2, self.slots, heads, self.capacity, dim),

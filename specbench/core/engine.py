@@ -1,0 +1,322 @@
+"""``forward=compiled``: the target's forward at static shapes, its dense parts compiled (engine-grade).
+
+:class:`CompiledTarget` is a :class:`~specbench.core.forward.Target` (the same drafts, masks, cache and
+compaction; every caller unchanged) whose forward runs the decoder itself instead of calling transformers'
+modules, the way gpt-fast and serving engines do:
+
+- **Static shapes.** A step's ``n`` rows of ``q`` tokens run as ``n × width(q)`` tokens, ``width`` rounding
+  up to a power of two (:data:`WIDTHS` up to 128). Padded rows sit at their row's last position, see only
+  themselves, are never read back, and write keys and values past the block, where the next block
+  overwrites them. The LM head runs on the kept rows, padded the same way. A prompt longer than 128 tokens
+  is prefilled in 128-token pieces, so every shape the compiler sees comes from that short list.
+- **The KV store allocated once** at the request's limit (plus the widest block), zeroed, so its buffers
+  keep their addresses for the whole run (:meth:`~specbench.core.kv.RowCache.allocate`).
+- **Compiled pieces, shared by every layer.** Each layer is two compiled functions of its weights (passed
+  as arguments, so one compiled graph serves all layers): before attention (RMS norm, the fused q/k/v
+  product, rotary embedding) and after it (the output product, the residual, RMS norm, the fused
+  gate/up product, SiLU, the down product). Attention itself reads the cache at the step's span through
+  SDPA with the query heads that share a K/V head folded into its rows (as :mod:`specbench.core.attention`
+  does). A one-token product is written as a multiply-and-sum over the weight rows, which Inductor turns
+  into one streaming loop (on a 2-core CPU it reads the weights faster than a BLAS call for one row).
+
+What stays out: models other than Llama-shaped decoders (Llama, Mistral without a sliding window, Qwen2) are
+refused in one line; on a GPU the compiled pieces run but are not yet captured as CUDA graphs.
+
+Compilation happens on a width's first use (Inductor caches its kernels on disk across runs);
+:meth:`CompiledTarget.warm` compiles every width ahead of a timed run, and :attr:`CompiledTarget.compile_s`
+says how long compiling took, reported apart from decoding.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+
+from specbench.core.forward import Target
+from specbench.core.kv import RowCache
+
+FORWARD_MODES = ("eager", "compiled")
+WIDTHS = (1, 2, 4, 8, 16, 32, 64, 128)  # the block widths compiled (more rows: the next power of two)
+PIECE = WIDTHS[-1]  # prompts are prefilled in pieces of this many tokens
+FAMILIES = ("llama", "mistral", "qwen2")  # decoders whose layers this forward reproduces
+
+
+class EngineError(ValueError):
+    """A model or setting the compiled forward cannot run: the message names what to use instead."""
+
+
+def width(q: int) -> int:
+    """The padded width that ``q`` tokens run at: the next power of two."""
+    return 1 << max(0, q - 1).bit_length()
+
+
+def supported(model: torch.nn.Module) -> str | None:
+    """Why ``model`` cannot run compiled (one line), or None when it can."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    kind = getattr(config, "model_type", "?")
+    hint = f"forward=compiled runs Llama-shaped decoders ({', '.join(FAMILIES)}); {kind} runs with forward=eager"
+    if kind not in FAMILIES:
+        return hint
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", kind == "mistral"):
+        return f"{hint} (its sliding window is not reproduced)"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"{hint} (its activation {config.hidden_act} is not SiLU)"
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    if rope.get("rope_type", "default") not in ("default", "linear", "llama3"):
+        return f"{hint} (its rotary scaling {rope.get('rope_type')} depends on the length)"
+    if any(p.device.type == "meta" for p in model.parameters()) or len({p.device for p in model.parameters()}) > 1:
+        return "forward=compiled runs a model on one device: a sharded or offloaded model runs with forward=eager"
+    return None
+
+
+def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMS norm as Llama computes it: in fp32, scaled by the weight in the input's dtype."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def _product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ weight.T (+ bias)``; for one row a multiply-and-sum, which compiles to one pass over the weights."""
+    out = (x[:, None, :] * weight[None]).sum(-1) if x.shape[0] == 1 else F.linear(x, weight)
+    return out if bias is None else out + bias
+
+
+def _half_turn(x: torch.Tensor) -> torch.Tensor:
+    a, b = x.chunk(2, -1)
+    return torch.cat((-b, a), -1)
+
+
+def _before(x, cos, sin, norm, qkv, qkv_bias, eps: float, heads: int, kv_heads: int):
+    """Norm, q/k/v and rotary embedding of ``x`` [T, hidden]: q as [kv heads, group, T, dim] (the rows of each
+    K/V head's query heads, in the order :func:`folded` attention wants them), k and v as [kv heads, T, dim]."""
+    t = x.shape[0]
+    dim = cos.shape[-1]
+    out = _product(_norm(x, norm, eps), qkv, qkv_bias)
+    q = out[:, : heads * dim].view(t, heads, dim)
+    k = out[:, heads * dim : (heads + kv_heads) * dim].view(t, kv_heads, dim)
+    v = out[:, (heads + kv_heads) * dim :].view(t, kv_heads, dim)
+    cos, sin = cos[:, None], sin[:, None]
+    q = q * cos + _half_turn(q) * sin
+    k = k * cos + _half_turn(k) * sin
+    q = q.view(t, kv_heads, heads // kv_heads, dim).permute(1, 2, 0, 3).contiguous()
+    return q, k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous()
+
+
+def _after(x, attn, o, norm, gate_up, down, eps: float):
+    """The rest of a layer: ``attn`` [kv heads, group, T, dim] through the output product and the MLP."""
+    t = x.shape[0]
+    x = x + _product(attn.permute(2, 0, 1, 3).reshape(t, -1), o)
+    gate, up = _product(_norm(x, norm, eps), gate_up).chunk(2, -1)
+    return x + _product(F.silu(gate) * up, down)
+
+
+def _between(x, attn, cos, sin, o, norm2, gate_up, down, norm1, qkv, qkv_bias, eps: float, heads: int,
+             kv_heads: int):
+    """One layer's :func:`_after` and the next one's :func:`_before` in one compiled call."""
+    x = _after(x, attn, o, norm2, gate_up, down, eps)
+    return (x, *_before(x, cos, sin, norm1, qkv, qkv_bias, eps, heads, kv_heads))
+
+
+def _head(x, norm, weight, eps: float):
+    return _product(_norm(x, norm, eps), weight)
+
+
+class CompiledTarget(Target):
+    """The target with ``forward=compiled``; ``backend``: torch.compile's (``inductor``; ``eager`` runs the
+    same static-shape path uncompiled, as the quick tests do)."""
+
+    mode = "compiled"
+
+    def __init__(self, model: torch.nn.Module, backend: str = "inductor") -> None:
+        why = supported(model)
+        if why:
+            raise EngineError(why)
+        super().__init__(model)
+        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        first = self.base.layers[0].self_attn
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.scale = float(getattr(first, "scaling", self.head_dim ** -0.5))
+        self.eps = float(config.rms_norm_eps)
+        self.max_positions = int(getattr(config, "max_position_embeddings", 4096))
+        self.weights = [self._layer_weights(layer) for layer in self.base.layers]
+        self.embed = model.get_input_embeddings().weight
+        self.final = (self.base.norm.weight, self.lm_head.weight)
+        self.cos, self.sin = self._rotary(self.max_positions + PIECE)
+        self.backend = backend
+        self.compile_s, self.compiled = 0.0, set()  # seconds spent compiling; the shapes compiled so far
+        self._fns = {name: torch.compile(fn, backend=backend, dynamic=False, fullgraph=True)
+                     for name, fn in (("before", _before), ("between", _between), ("after", _after),
+                                      ("head", _head))}
+        _allow_recompiles()
+
+    def _layer_weights(self, layer) -> tuple:
+        a, m = layer.self_attn, layer.mlp
+        parts = (a.q_proj, a.k_proj, a.v_proj)
+        qkv = torch.cat([p.weight.detach() for p in parts])
+        bias = torch.cat([p.bias.detach() for p in parts]) if parts[0].bias is not None else None
+        gate_up = torch.cat([m.gate_proj.weight.detach(), m.up_proj.weight.detach()])
+        return (layer.input_layernorm.weight.detach(), qkv, bias, a.o_proj.weight.detach(),
+                layer.post_attention_layernorm.weight.detach(), gate_up, m.down_proj.weight.detach())
+
+    def _rotary(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of every position up to ``n``, from the model's own rotary module (scaling included)."""
+        probe = torch.zeros(1, 1, self.head_dim, dtype=self.dtype, device=self.device)
+        with torch.no_grad():
+            cos, sin = self.base.rotary_emb(probe, torch.arange(n, device=self.device)[None])
+        return cos[0].to(self.dtype), sin[0].to(self.dtype)
+
+    def new_cache(self, slots: int = 1, limit: int | None = None) -> RowCache:
+        """A cache allocated once: ``limit`` entries a row (the model's context when unknown) plus the widest
+        block, zeroed, never regrown."""
+        room = min(limit or self.max_positions, self.max_positions) + PIECE
+        cache = RowCache(slots, self.layer_devices, limit=room)
+        cache.allocate(self.kv_heads, self.head_dim, self.dtype, room)
+        return cache
+
+    def _call(self, name: str, *args):
+        key = (name, args[0].shape[0])
+        if key in self.compiled:
+            return self._fns[name](*args)
+        start = time.perf_counter()
+        out = self._fns[name](*args)
+        self.compile_s += time.perf_counter() - start
+        self.compiled.add(key)
+        return out
+
+    def warm(self, rows: int = 1) -> float:
+        """Compile every width for 1 to ``rows`` rows before anything is timed; returns the seconds it took."""
+        before = self.compile_s
+        cache = self.new_cache(rows, limit=PIECE)
+        with torch.inference_mode():
+            for n in range(1, rows + 1):
+                for w in WIDTHS:
+                    ids = torch.zeros((n, w), dtype=torch.long, device=self.device)
+                    positions = torch.arange(w, device=self.device)[None].expand(n, w)
+                    self._forward(ids, positions, None, cache)
+        return self.compile_s - before
+
+    # -- the forward ----------------------------------------------------------------------------------
+
+    def prefill(self, prompt_ids: list[int], cache: RowCache, features: tuple[int, ...] = (),
+                slot: int = 0) -> torch.Tensor:
+        """:meth:`Target.prefill` in pieces of at most :data:`PIECE` tokens (each causal after the last)."""
+        if len(prompt_ids) <= PIECE:
+            return super().prefill(prompt_ids, cache, features, slot)
+        states: dict[int, list[torch.Tensor]] = {}
+        for at in range(0, len(prompt_ids), PIECE):
+            logits = super().prefill(prompt_ids[at : at + PIECE], cache, features, slot)
+            for layer, h in self.features.items():
+                states.setdefault(layer, []).append(h)
+        self.features = {layer: torch.cat(parts) for layer, parts in states.items()}
+        return logits
+
+    def prefill_rows(self, prompts: list[list[int]], cache: RowCache, lo: int, features: tuple[int, ...] = ()
+                     ) -> torch.Tensor:
+        """Each prompt prefilled in its own slot (in pieces), one after the other."""
+        logits, self_rows = [], []
+        for r, prompt in enumerate(prompts):
+            logits.append(self.prefill(prompt, cache, features, slot=lo + r))
+            self_rows.append(self.features)
+        self.row_features = self_rows
+        return torch.stack(logits)
+
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, mask, cache: RowCache, lo: int = 0,
+                 keep=None, features: tuple[int, ...] = ()) -> torch.Tensor:
+        n, q = ids.shape
+        if isinstance(mask, dict):
+            raise EngineError("forward=compiled has no sliding-window layers: run this model with forward=eager")
+        if q > PIECE:
+            raise EngineError(f"a block of {q} tokens is wider than forward=compiled's {PIECE}: lower the method's "
+                              f"budget or run with forward=eager")
+        w = width(q)
+        past = torch.as_tensor(cache.lengths[lo : lo + n], dtype=torch.long)
+        if w > q:  # padded rows: at the row's last position, seeing only themselves
+            ids = F.pad(ids, (0, w - q))
+            positions = torch.cat([positions, positions[:, -1:].expand(n, w - q)], 1)
+        cache.begin(lo, lo + n, w)
+        span = int(past.max()) + w
+        visible = self._visible(mask, past, q, w, span)  # [n, 1, group × w, span], float
+        x = self.embed[ids.reshape(-1)]
+        flat = positions.reshape(-1)
+        cos, sin = self.cos[flat], self.sin[flat]
+        wanted = {layer: layer % (self.n_layers + 1) for layer in features}
+        caught: dict[int, torch.Tensor] = {}
+        group = self.heads // self.kv_heads
+        shape = (self.eps, self.heads, self.kv_heads)
+        if 0 in wanted.values():
+            caught[0] = x.view(n, w, -1)[:, :q]
+        qf, k, v = self._call("before", x, cos, sin, *self.weights[0][:3], *shape)
+        for i, (_, _, _, o, norm2, gate_up, down) in enumerate(self.weights):
+            keys, values = cache._write(i, k.view(self.kv_heads, n, w, -1).transpose(0, 1),
+                                        v.view(self.kv_heads, n, w, -1).transpose(0, 1))
+            rows = qf.view(self.kv_heads, group, n, w, -1).permute(2, 0, 1, 3, 4).reshape(n, self.kv_heads, group * w, -1)
+            attn = F.scaled_dot_product_attention(rows, keys, values, attn_mask=visible, scale=self.scale)
+            attn = attn.view(n, self.kv_heads, group, w, -1).permute(1, 2, 0, 3, 4).reshape(
+                self.kv_heads, group, n * w, -1)
+            if i + 1 == self.n_layers:
+                x = self._call("after", x, attn, o, norm2, gate_up, down, self.eps)
+                break
+            if i + 1 in wanted.values():  # the next layer's input, before its norm: one call less otherwise
+                x = self._call("after", x, attn, o, norm2, gate_up, down, self.eps)
+                caught[i + 1] = x.view(n, w, -1)[:, :q]
+                qf, k, v = self._call("before", x, cos, sin, *self.weights[i + 1][:3], *shape)
+            else:
+                x, qf, k, v = self._call("between", x, attn, cos, sin, o, norm2, gate_up, down,
+                                         *self.weights[i + 1][:3], *shape)
+        if self.n_layers in wanted.values():
+            caught[self.n_layers] = self.base.norm(x.view(n, w, -1)[:, :q])
+        self.features = {layer: caught[i] for layer, i in wanted.items()}
+        index = self._kept(keep, n, q, w)
+        rows = x.index_select(0, F.pad(index, (0, width(len(index)) - len(index))))
+        return self._call("head", rows, *self.final, self.eps)[: len(index)]
+
+    def _visible(self, mask, past: torch.Tensor, q: int, w: int, span: int) -> torch.Tensor:
+        """The float mask at the padded width: ``mask`` ([n or 1, 1, q, max(past) + q], or None: causal after
+        each row's committed entries) in its place, padded rows seeing their own entry alone; tiled over the
+        query heads of a K/V head."""
+        n = len(past)
+        neg = torch.finfo(self.dtype).min
+        col = torch.arange(span, device=self.device)
+        lengths = past.to(self.device)
+        if mask is None:  # each row sees what its slot holds and its own block causally
+            seen = col[None, None, :] <= lengths[:, None, None] + torch.arange(w, device=self.device)[None, :, None]
+            full = torch.zeros((n, w, span), dtype=self.dtype, device=self.device).masked_fill_(~seen, neg)
+        else:
+            full = torch.full((n, w, span), neg, dtype=self.dtype, device=self.device)
+            full[:, :q, : mask.shape[-1]] = mask[:, 0]
+        if w > q:
+            pad = torch.arange(q, w, device=self.device)
+            full[:, q:] = neg
+            own = lengths[:, None] + pad[None, :]  # [n, w - q]: each padded row's own entry
+            full[:, q:].scatter_(2, own[:, :, None], 0.0)
+        return full.repeat(1, self.heads // self.kv_heads, 1)[:, None]
+
+    def _kept(self, keep, n: int, q: int, w: int) -> torch.Tensor:
+        """The rows of the padded ``[n × w]`` block whose logits are wanted (``keep`` indexes ``[n × q]``)."""
+        if isinstance(keep, torch.Tensor):
+            index = keep.to(self.device)
+            return (index // q) * w + index % q
+        rows = torch.arange(n * q, device=self.device)
+        if keep:
+            rows = rows[-keep:]
+        return (rows // q) * w + rows % q
+
+
+def make_target(model: torch.nn.Module, mode: str = "eager", backend: str = "inductor") -> Target:
+    """The target for ``forward=mode``: transformers' modules as they are, or :class:`CompiledTarget`."""
+    if mode not in FORWARD_MODES:
+        raise EngineError(f"forward must be one of {', '.join(FORWARD_MODES)}, got {mode!r}")
+    return Target(model) if mode == "eager" else CompiledTarget(model, backend=backend)
+
+
+def _allow_recompiles() -> None:
+    """One compiled graph per width and piece: allow that many entries per function (torch's default is 8)."""
+    import torch._dynamo.config as dynamo
+
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(dynamo, name):
+            setattr(dynamo, name, max(getattr(dynamo, name), 64))
