@@ -43,6 +43,10 @@ costs nothing on these prompts and repeats. ``--split``: where each ``auto`` pre
 autoregressive decoding's steps at the same positions (greedy: step i of each decodes after the same tokens
 until a guess is accepted), as shares of its time: the steps the planner let draft (its choices, probes and
 first drafts) and the plain ones, with a plain step's drafting and planning in ms against the loop's own.
+``--forward eager compiled``: every row of ours runs in each forward mode (``forward=compiled``: static shapes,
+compiled with Inductor, compiled before the warm-up and said apart), a compiled row named ``<row>@compiled`` with
+its speedup over ``autoregressive@compiled``; with ``--engines``, each mode's autoregressive rate is set against
+``llama.cpp:ar``'s.
 
     python bench/compare.py --data gsm8k=/path/gsm8k_test.jsonl
     python bench/compare.py --temperature 1 --repeats 3 --prompts 5 --methods pld spectra_core-cpu
@@ -57,6 +61,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import time
 from pathlib import Path
 
@@ -263,9 +268,13 @@ def bench(loaded, prompts, presets: list[str], max_new: int, run_cfg=None, store
     engines = engines or {}
     target = Target(loaded.model)
     targets = {mode: target if mode == "eager" else make_target(loaded.model, mode) for mode in forwards}
+    costs = {"eager": cost}  # each mode plans on its own curve (a flat one is every mode's)
     for mode, t in targets.items():
         if hasattr(t, "warm"):
             print(f"  forward={mode}: compiled every width in {t.warm():.1f} s (not timed as decoding)")
+        if mode != "eager" and cost is not None:
+            costs[mode] = cost if cost.device_name == "flat" else load_or_measure(
+                dataclasses.replace(loaded, forward=mode), loaded.name, loaded.dtype, "sdpa", check=True, target=t)
     eos = loaded.eos_token_ids
     sampling = sampling or SamplingParams()
     drafters = {"autoregressive": get_method("autoregressive")(None, vocab_size=loaded.vocab_size)}
@@ -273,6 +282,10 @@ def bench(loaded, prompts, presets: list[str], max_new: int, run_cfg=None, store
     whys: dict[str, list[str] | None] = {}  # each preset's last generation: the planner's reason for each step
     references = References(target, max_new, eos)  # the oracle's: each prompt's greedy output, made untimed
     rows = [(name, mode) for mode in forwards for name in ["autoregressive", *presets]]
+
+    def cost_of(row: str):  # the curve a row plans and is modelled on: its mode's
+        return costs.get(row.partition("@")[2] or "eager")
+
     on = {}  # each row's target
     for name, mode in rows:
         row = name if mode == "eager" else f"{name}@{mode}"
@@ -283,12 +296,12 @@ def bench(loaded, prompts, presets: list[str], max_new: int, run_cfg=None, store
         method, cfg, budget = preset(name, run_cfg, store)
         context = DrafterContext(sampling=sampling, device=loaded.device, target_model=loaded.model,
                                  target_name=loaded.name,  # drafters that read the target (EAGLE, Medusa)
-                                 forward_cost=cost, reference=references)
+                                 forward_cost=costs.get(mode), reference=references)
         drafters[row] = get_method(method)(
             cfg, vocab_size=loaded.vocab_size, seed=0, tokenizer=loaded.tokenizer, context=context
         )
         if budget in ("auto", "static"):  # the warm-up's planner measures what drafting costs, as a run's does
-            budgets[row] = AutoBudget(cost, aux_feeds=get_method(method).AUX_FEEDS, static=budget == "static",
+            budgets[row] = AutoBudget(costs.get(mode), aux_feeds=get_method(method).AUX_FEEDS, static=budget == "static",
                                        calibrating=True, catches_up=drafters[name].catches_up)
         if getattr(cfg, "_store_path", None) and mode == forwards[0]:
             print(f"  {name} reads {store_facts(cfg._store_path)}")
@@ -326,7 +339,7 @@ def bench(loaded, prompts, presets: list[str], max_new: int, run_cfg=None, store
             server.start()
         for name, b in budgets.items():  # the warm-up's drafting table is kept, as a run keeps it
             tables.setdefault(name, b.drafting)
-            budgets[name] = AutoBudget(cost, aux_feeds=b.aux_feeds, drafting=tables[name].copy(frozen=b.static),
+            budgets[name] = AutoBudget(cost_of(name), aux_feeds=b.aux_feeds, drafting=tables[name].copy(frozen=b.static),
                                        static=b.static, catches_up=b.catches_up)
         for i, ids in enumerate(prompts):
             shift = (i + rep) % len(names)
@@ -349,7 +362,7 @@ def bench(loaded, prompts, presets: list[str], max_new: int, run_cfg=None, store
                 elif rec is None:  # hf_pld: only tokens and time
                     tallies[name].add_tokens(out, seconds, same, i, rep)
                 else:
-                    tallies[name].add(rec, seconds, same, cost, i, rep, whys[name])
+                    tallies[name].add(rec, seconds, same, cost_of(name), i, rep, whys[name])
     return tallies
 
 

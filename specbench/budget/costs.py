@@ -8,6 +8,7 @@ caches it; runs store the curve they used.
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -26,6 +27,7 @@ class CostModel:
     batches: dict[int, CostModel] = field(default_factory=dict)  # batch size (> 1): its curve, q per row
     rows: str = ""  # a batch's curve: "staggered" (rows of lengths spread below the longest, keyed by it)
     checked: float = 0.0  # a plain step timed when a run began over the curve's (0: not checked; machine.costs)
+    forward: str = "eager"  # the forward mode timed; "compiled" runs blocks padded to a power of two, priced so
 
     def __post_init__(self) -> None:
         if not self.qs or not self.contexts or len(self.seconds) != len(self.contexts):
@@ -47,6 +49,8 @@ class CostModel:
         """Estimated seconds of a forward of ``q`` tokens after ``context`` tokens; with ``batch`` rows, of
         a block of ``q`` tokens in each row, the longest row after ``context`` (interpolated linearly between
         the batch sizes measured, beyond the largest along the last two)."""
+        if self.forward == "compiled":  # the width that will run: the next power of two
+            q = 1 << max(0, math.ceil(q) - 1).bit_length()
         if batch > 1:
             return self._batched(q, context, batch)
         cs = self.contexts
@@ -77,7 +81,7 @@ class CostModel:
     def from_dict(cls, d: dict[str, Any]) -> CostModel:
         batches = {int(b): cls.from_dict(m) for b, m in (d.get("batches") or {}).items()}
         batches = {b: m for b, m in batches.items() if m.rows == STAGGERED}  # equal rows: an older timing, re-timed
-        return cls(**{k: d[k] for k in ("qs", "contexts", "seconds", "device_name", "key", "rows", "checked")
+        return cls(**{k: d[k] for k in ("qs", "contexts", "seconds", "device_name", "key", "rows", "checked", "forward")
                       if k in d},
                    batches=batches)
 

@@ -20,7 +20,8 @@ modules, the way gpt-fast and serving engines do:
   into one streaming loop (on a 2-core CPU it reads the weights faster than a BLAS call for one row).
 
 What stays out: models other than Llama-shaped decoders (Llama, Mistral without a sliding window, Qwen2) are
-refused in one line; on a GPU the compiled pieces run but are not yet captured as CUDA graphs.
+refused in one line, and so is a GPU: there the forward is to be captured as CUDA graphs per width, which is
+not built yet.
 
 Compilation happens on a width's first use (Inductor caches its kernels on disk across runs);
 :meth:`CompiledTarget.warm` compiles every width ahead of a timed run, and :attr:`CompiledTarget.compile_s`
@@ -36,14 +37,17 @@ import torch.nn.functional as F
 
 from specbench.core.forward import Target
 from specbench.core.kv import RowCache
+from specbench.errors import ConfigError
 
 FORWARD_MODES = ("eager", "compiled")
 WIDTHS = (1, 2, 4, 8, 16, 32, 64, 128)  # the block widths compiled (more rows: the next power of two)
 PIECE = WIDTHS[-1]  # prompts are prefilled in pieces of this many tokens
 FAMILIES = ("llama", "mistral", "qwen2")  # decoders whose layers this forward reproduces
+GPU_NOT_YET = ("forward=compiled runs on a CPU so far (its GPU form, CUDA graphs per width, is not built yet): "
+               "use forward=eager on a GPU")
 
 
-class EngineError(ValueError):
+class EngineError(ConfigError):
     """A model or setting the compiled forward cannot run: the message names what to use instead."""
 
 
@@ -68,6 +72,8 @@ def supported(model: torch.nn.Module) -> str | None:
         return f"{hint} (its rotary scaling {rope.get('rope_type')} depends on the length)"
     if any(p.device.type == "meta" for p in model.parameters()) or len({p.device for p in model.parameters()}) > 1:
         return "forward=compiled runs a model on one device: a sharded or offloaded model runs with forward=eager"
+    if any(p.device.type != "cpu" for p in model.parameters()):
+        return GPU_NOT_YET
     return None
 
 
@@ -78,9 +84,44 @@ def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * h.to(x.dtype)
 
 
-def _product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ weight.T (+ bias)``; for one row a multiply-and-sum, which compiles to one pass over the weights."""
-    out = (x[:, None, :] * weight[None]).sum(-1) if x.shape[0] == 1 else F.linear(x, weight)
+@torch.library.custom_op("specbench::packed_linear", mutates_args=())
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
+    """``x @ W.T`` with ``W`` laid out once for oneDNN (``torch.ops.mkldnn._reorder_linear_weight``): an opaque
+    call to the compiler, which would otherwise want the weight as a constant of the graph."""
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, None, "none", [], "")
+
+
+@packed_linear.register_fake
+def _(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
+    return x.new_empty((x.shape[0], out_features))
+
+
+def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether blocks of several rows multiply with prepacked oneDNN weights here (CPUs, fp32 and bf16)."""
+    if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16) or not torch.backends.mkldnn.is_available():
+        return False
+    if not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+        return False
+    return dtype == torch.float32 or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())  # bf16: AVX-512 or NE
+
+
+def _weight(w: torch.Tensor, pack: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A weight as the forward takes it: itself (one row), and laid out for oneDNN (several rows) where it can."""
+    w = w.detach().contiguous()
+    return w, (torch.ops.mkldnn._reorder_linear_weight(w, None) if pack else None)
+
+
+def _product(x: torch.Tensor, weight: tuple, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ W.T (+ bias)`` for ``weight`` = (W, W packed or None). One row: a multiply-and-sum, which compiles to
+    one streaming pass over W (on a 2-core CPU faster than any library call for one row); several: oneDNN's
+    product on the packed weight (it lays nothing out per call), else ``F.linear``."""
+    plain, packed = weight
+    if x.shape[0] == 1:
+        out = (x[:, None, :] * plain[None]).sum(-1)
+    elif packed is not None:
+        out = packed_linear(x, packed, plain.shape[0])
+    else:
+        out = F.linear(x, plain)
     return out if bias is None else out + bias
 
 
@@ -142,9 +183,10 @@ class CompiledTarget(Target):
         self.scale = float(getattr(first, "scaling", self.head_dim ** -0.5))
         self.eps = float(config.rms_norm_eps)
         self.max_positions = int(getattr(config, "max_position_embeddings", 4096))
-        self.weights = [self._layer_weights(layer) for layer in self.base.layers]
-        self.embed = model.get_input_embeddings().weight
-        self.final = (self.base.norm.weight, self.lm_head.weight)
+        pack = can_pack(self.device, self.dtype)
+        self.weights = [self._layer_weights(layer, pack) for layer in self.base.layers]
+        self.embed = model.get_input_embeddings().weight.detach()
+        self.final = (self.base.norm.weight.detach(), _weight(self.lm_head.weight, pack))
         self.cos, self.sin = self._rotary(self.max_positions + PIECE)
         self.backend = backend
         self.compile_s, self.compiled = 0.0, set()  # seconds spent compiling; the shapes compiled so far
@@ -153,14 +195,15 @@ class CompiledTarget(Target):
                                       ("head", _head))}
         _allow_recompiles()
 
-    def _layer_weights(self, layer) -> tuple:
+    def _layer_weights(self, layer, pack: bool) -> tuple:
+        """A layer's weights as the compiled pieces take them: q/k/v fused in one matrix, gate and up in another."""
         a, m = layer.self_attn, layer.mlp
         parts = (a.q_proj, a.k_proj, a.v_proj)
-        qkv = torch.cat([p.weight.detach() for p in parts])
+        qkv = _weight(torch.cat([p.weight.detach() for p in parts]), pack)
         bias = torch.cat([p.bias.detach() for p in parts]) if parts[0].bias is not None else None
-        gate_up = torch.cat([m.gate_proj.weight.detach(), m.up_proj.weight.detach()])
-        return (layer.input_layernorm.weight.detach(), qkv, bias, a.o_proj.weight.detach(),
-                layer.post_attention_layernorm.weight.detach(), gate_up, m.down_proj.weight.detach())
+        gate_up = _weight(torch.cat([m.gate_proj.weight.detach(), m.up_proj.weight.detach()]), pack)
+        return (layer.input_layernorm.weight.detach(), qkv, bias, _weight(a.o_proj.weight, pack),
+                layer.post_attention_layernorm.weight.detach(), gate_up, _weight(m.down_proj.weight, pack))
 
     def _rotary(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin of every position up to ``n``, from the model's own rotary module (scaling included)."""
@@ -310,7 +353,20 @@ def make_target(model: torch.nn.Module, mode: str = "eager", backend: str = "ind
     """The target for ``forward=mode``: transformers' modules as they are, or :class:`CompiledTarget`."""
     if mode not in FORWARD_MODES:
         raise EngineError(f"forward must be one of {', '.join(FORWARD_MODES)}, got {mode!r}")
-    return Target(model) if mode == "eager" else CompiledTarget(model, backend=backend)
+    from specbench.core import forward  # looked up now: a test may stand a stub in for it
+
+    return forward.Target(model) if mode == "eager" else CompiledTarget(model, backend=backend)
+
+
+def announce(target: Target, rows: int = 1) -> str:
+    """The run's line on its forward mode; a compiled target compiles every width first (for up to ``rows``
+    rows), so that no timing holds a compilation, and says what that took."""
+    if not isinstance(target, CompiledTarget):
+        return ("forward=eager: transformers' modules as they are, the papers' setting (forward=compiled: static "
+                "shapes, compiled, as serving engines run)")
+    seconds = target.warm(rows)
+    return (f"forward=compiled: {len(target.compiled)} shapes compiled in {seconds:.1f} s (not part of any timing; "
+            "Inductor keeps its kernels for later runs)")
 
 
 def _allow_recompiles() -> None:

@@ -120,6 +120,8 @@ class LayerInputs:
 class Target:
     """The target model behind the verification core: one row (:meth:`forward_draft`) or a batch."""
 
+    mode = "eager"  # the forward mode (``forward=``): transformers' modules as they are
+
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config

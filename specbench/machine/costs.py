@@ -105,7 +105,7 @@ def measure(target: Any, vocab_size: int, *, qs=QS, contexts=None, repeats: int 
             print(f"  context {ctx}: " + ", ".join(f"q {q} {1000 * s:.1f} ms" for q, s in zip(qs, row, strict=True)),
                   file=sys.stderr)
     return CostModel(list(qs), list(contexts), [monotone(row) for row in seconds],
-                     device_name=device_name(target.device))
+                     device_name=device_name(target.device), forward=getattr(target, "mode", "eager"))
 
 
 def batch_sizes(batch_size: int) -> list[int]:
@@ -158,7 +158,8 @@ def measure_batch(target: Any, vocab_size: int, batch: int, *, qs=QS, contexts=N
                 print(f"  batch {batch}, context {ctx}, q {q}: {1000 * row[-1]:.1f} ms", file=sys.stderr)
         row = monotone(row)
         seconds.append(row + _extend(timed, row, qs[len(timed):]))
-    return CostModel(list(qs), list(contexts), seconds, device_name=device_name(target.device), rows=STAGGERED)
+    return CostModel(list(qs), list(contexts), seconds, device_name=device_name(target.device), rows=STAGGERED,
+                     forward=getattr(target, "mode", "eager"))
 
 
 def _extend(qs: list[int], row: list[float], beyond) -> list[float]:
@@ -170,9 +171,9 @@ def _extend(qs: list[int], row: list[float], beyond) -> list[float]:
 
 
 def cost_key(model_name: str, dtype: str, attn: str, device: Any, *, devices: list | None = None,
-             quantization: str = "", device_map: str = "", linear: str = "plain") -> str:
+             quantization: str = "", device_map: str = "", linear: str = "plain", forward: str = "eager") -> str:
     """Which machine, software, model and placement a curve belongs to: int8 on one GPU and fp16 over
-    two, four or eight never share one, nor do packed and plain CPU linear layers."""
+    two, four or eight never share one, nor do packed and plain CPU linear layers, nor the forward modes."""
     import transformers
 
     from specbench.provenance import device_name
@@ -180,7 +181,8 @@ def cost_key(model_name: str, dtype: str, attn: str, device: Any, *, devices: li
     gpus = sorted({str(d) for d in (devices or [device]) if torch.device(d).type == "cuda"})
     ident = [MEASURE_VERSION, model_name, dtype, attn, device_name(device), torch.__version__,
              transformers.__version__, quantization, device_map, [device_name(g) for g in gpus],
-             (torch.version.cuda or "") if gpus else ""] + ([] if linear == "plain" else [linear])
+             (torch.version.cuda or "") if gpus else ""] + ([] if linear == "plain" else [linear]) + (
+                 [] if forward == "eager" else [f"forward={forward}"])
     return hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:16]
 
 
@@ -198,19 +200,21 @@ def pace(target: Any, vocab_size: int, curve: CostModel) -> float:
 
 
 def load_or_measure(loaded: Any, model_name: str, dtype: str, attn: str, *, remeasure: bool = False,
-                    progress: bool = False, batch_size: int = 1, check: bool = False, **measure_kw) -> CostModel:
+                    progress: bool = False, batch_size: int = 1, check: bool = False, target: Any = None,
+                    **measure_kw) -> CostModel:
     """The cached curve for this machine and model, or a new measurement (saved for next time); with
     ``batch_size`` > 1, with the batch sizes :func:`batch_sizes` names (those missing are measured and added).
     ``check``: a cached curve's plain step is timed again first (:func:`pace`, kept as the returned curve's
     ``checked``), and a curve off by more than :data:`STALE` (a machine under another load, a cache from another
     day) is measured again, so drafting timed live is never set against a forward priced at another pace."""
-    from specbench.core.forward import Target
+    from specbench.core.engine import make_target
     from specbench.paths import exclusive
 
-    target = Target(loaded.model)
+    mode = getattr(loaded, "forward", "eager")  # each mode its own curve, timed through its own forward
+    target = target if target is not None else make_target(loaded.model, mode)
     key = cost_key(model_name, dtype, attn, target.device, devices=target.devices,
                    quantization=getattr(loaded, "quantization", ""), device_map=getattr(loaded, "device_map", ""),
-                   linear=getattr(loaded, "linear", "plain"))
+                   linear=getattr(loaded, "linear", "plain"), forward=mode)
     path = cost_path(key, model_name, dtype)
     wanted = batch_sizes(batch_size)
 
@@ -218,6 +222,8 @@ def load_or_measure(loaded: Any, model_name: str, dtype: str, attn: str, *, reme
 
     def read() -> CostModel | None:
         found = None if remeasure else _read_curve(path)
+        if found is not None:
+            same_mode(found, mode, path.name)
         return None if found is None or found.seconds == stale else found
 
     def ready() -> CostModel | None:
@@ -249,6 +255,16 @@ def load_or_measure(loaded: Any, model_name: str, dtype: str, attn: str, *, reme
         _write_curve(path, model)
     model.checked = checked  # re-timed: the pace that set it off (the stored curve keeps none)
     return model
+
+
+def same_mode(curve: CostModel, mode: str, name: str = "the cost curve") -> None:
+    """Refuse, in one line, a curve timed in another forward mode than the run's (its prices are another
+    forward's)."""
+    if curve.forward != mode:
+        from specbench.errors import ConfigError
+
+        raise ConfigError(f"{name} was timed with forward={curve.forward}, and this run is forward={mode}: each mode "
+                          f"plans on its own curve (delete the file, or run with forward={curve.forward})")
 
 
 def _write_curve(path: Path, model: CostModel) -> None:

@@ -10,6 +10,7 @@ import os
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from specbench.core.engine import FORWARD_MODES
 from specbench.errors import ModelLoadError, UnknownNameError, suggest
 from specbench.paths import CONF_DIR, conf_choices
 
@@ -85,7 +86,7 @@ def _quantization_check(cfg: dict, hw: dict | None) -> None:
 def _hardware(hardware_cfg) -> dict:
     """Normalise a hardware config: resolve the device, check the attention implementation."""
     hw = {"device": "auto", "attn_implementation": "sdpa", "device_map": None, "num_threads": None, "num_gpus": None,
-          "gqa": "fold", "linear": "auto"}
+          "gqa": "fold", "linear": "auto", "forward": "eager"}
     hw.update({k: v for k, v in _plain(hardware_cfg).items() if k in hw and v is not None})
     if hw["device"] not in DEVICES:
         raise ModelLoadError(f"hardware.device '{hw['device']}' is not one of {', '.join(DEVICES)}")
@@ -104,6 +105,8 @@ def _hardware(hardware_cfg) -> dict:
                                  "request more GPUs (e.g. hydra.launcher.gpus_per_node) or lower hardware.num_gpus")
     if hw["gqa"] not in GQA_MODES:
         raise ModelLoadError(f"hardware.gqa '{hw['gqa']}' is not one of {', '.join(GQA_MODES)}")
+    if hw["forward"] not in FORWARD_MODES:
+        raise ModelLoadError(f"forward={hw['forward']!r} is not one of {', '.join(FORWARD_MODES)}")
     if hw["linear"] not in LINEAR_MODES:
         raise ModelLoadError(f"hardware.linear '{hw['linear']}' is not one of {', '.join(LINEAR_MODES)}")
     attn = hw["attn_implementation"]

@@ -35,6 +35,7 @@ class LoadedModel:
     quantization: str = ""  # "int8", or "" for weights in ``dtype``
     device_map: str = ""  # "auto" when sharded by accelerate, "" when the model sits on one device
     linear: str = "plain"  # "packed": linear layers prepacked for oneDNN (specbench.models.packed)
+    forward: str = "eager"  # the forward mode its target runs in (specbench.core.engine.make_target)
 
 
 def _placement(cfg: dict, hw: dict) -> dict:
@@ -121,7 +122,7 @@ def load_model(model_cfg, hardware_cfg=None) -> LoadedModel:
         eos_token_ids=sorted(eos), vocab_size=model.get_output_embeddings().weight.shape[0], source=source,
         quantization=str(cfg.get("quantization") or ""),
         device_map="auto" if len({str(v) for v in (getattr(model, "hf_device_map", None) or {}).values()}) > 1 else "",
-        linear=linear)
+        linear=linear, forward=hw["forward"])
 
 
 def load_draft(name: str, dtype: str, hardware_cfg=None) -> LoadedModel:

@@ -25,12 +25,20 @@ def packing_available() -> bool:
             and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
 
+def packs(dtype: torch.dtype) -> bool:
+    """Whether oneDNN can pack weights of ``dtype`` on this CPU (bf16 needs AVX-512 or AVX-NE-CONVERT)."""
+    if not packing_available():
+        return False
+    return dtype != torch.bfloat16 or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def wants_packed(mode: str, device: str, dtype: torch.dtype) -> bool:
     """``hardware.linear``: ``auto`` packs fp32 and bf16 weights on a CPU (where both measured faster at every
-    block size); ``packed`` packs on a CPU whatever the dtype; ``plain`` never. GPUs keep cuBLAS."""
+    block size); ``packed`` packs on a CPU whatever the dtype; ``plain`` never. GPUs keep cuBLAS. A dtype this
+    CPU cannot pack (bf16 without AVX-512) stays plain."""
     if mode not in LINEAR_MODES:
         raise ValueError(f"hardware.linear must be one of {', '.join(LINEAR_MODES)}, got {mode!r}")
-    if mode == "plain" or torch.device(device).type != "cpu" or not packing_available():
+    if mode == "plain" or torch.device(device).type != "cpu" or not packs(dtype):
         return False
     return mode == "packed" or dtype in (torch.float32, torch.bfloat16)
 
@@ -63,11 +71,12 @@ class PackedLinear(nn.Module):
 
 
 def pack_linears(model: nn.Module) -> int:
-    """Replace every ``nn.Linear`` of ``model`` by a :class:`PackedLinear`; returns how many."""
+    """Replace every ``nn.Linear`` of ``model`` by a :class:`PackedLinear` (those of a dtype this CPU packs);
+    returns how many."""
     count = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear:
+            if type(child) is nn.Linear and packs(child.weight.dtype):
                 setattr(parent, name, PackedLinear(child))
                 count += 1
     return count

@@ -43,11 +43,11 @@ ORACLE = "oracle"
 ENGINE_BASELINE = ":ar"
 # A method row is compared with the baseline row that matches on all of these.
 JOIN_KEYS = ("engine", "model", "dataset", "sample_id", "turn", "temperature", "top_p", "top_k", "seed",
-             "max_new_tokens", "device_name", "dtype", "batch_size", "request_rate", "max_concurrency")
+             "max_new_tokens", "device_name", "dtype", "batch_size", "request_rate", "max_concurrency", "forward")
 # One summary row per combination of these (absent columns are skipped).
 GROUP_KEYS = ("engine", "model", "dataset", "preset", "method", "method_params", "temperature", "top_p", "top_k",
               "max_new_tokens", "device_name", "device", "attn_implementation", "dtype", "batch_size", "request_rate",
-              "max_concurrency")
+              "max_concurrency", "forward")
 QUALITY_COLUMNS = ("rouge1", "rouge2", "rougeL", "accuracy", "pass")
 
 

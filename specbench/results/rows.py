@@ -109,6 +109,7 @@ def make_row(
         "method": str(context["method"]),
         "preset": str(context.get("preset") or context["method"]),
         "attn_implementation": str(context.get("attn_implementation", "")),
+        "forward": str(context.get("forward") or "eager"),
         "method_params": _json(context.get("method_params")),
         "dataset": str(context["dataset"]),
         "dataset_version": str(context.get("dataset_version", "")),

@@ -267,11 +267,28 @@ def validate(cfg: DictConfig) -> dict[str, Any]:
     except (TypeError, ValueError) as err:
         raise ConfigError(f"method {cfg.method.name}: {err}") from None
     _check_attention(cfg)
+    _check_forward(cfg)
     _check_budget(cfg)
     _check_batch(cfg)
     get_dataset(cfg.dataset.name)
     model_config_check(cfg.model, cfg.hardware)
     return {"method": method_cfg}
+
+
+def _check_forward(cfg: DictConfig) -> None:
+    """``forward``: a known mode; ``compiled`` only for model families it reproduces, where the preset says
+    which (a random model's ``tiny.model_type``; a checkpoint's family is read when it loads, before timing)."""
+    from specbench.core.engine import FAMILIES, FORWARD_MODES, GPU_NOT_YET
+
+    mode = cfg.get("forward") or "eager"
+    if mode not in FORWARD_MODES:
+        raise UnknownNameError(suggest("forward mode", str(mode), list(FORWARD_MODES)))
+    if mode == "compiled" and str(cfg.hardware.get("device")) == "cuda":
+        raise ConfigError(GPU_NOT_YET)
+    kind = (cfg.model.get("tiny") or {}).get("model_type") if mode == "compiled" else None
+    if kind and kind not in FAMILIES:
+        raise ConfigError(f"forward=compiled runs Llama-shaped decoders ({', '.join(FAMILIES)}); model "
+                          f"{cfg.model.name} is {kind}: use forward=eager")
 
 
 def _check_budget(cfg: DictConfig) -> None:

@@ -118,7 +118,9 @@ class Job:
         return run_file_path(self.results_dir, self.experiment, self.legacy_name)
 
     def preset_of(self, method: str) -> str:
-        return self.preset if method == self.method else method
+        """The label a method's rows are filed under (the baseline's carries the forward mode too, so that
+        no table puts eager and compiled decoding in one row)."""
+        return self.preset if method == self.method else method + mode_tag(self.hardware.get("forward", "eager"))
 
     def config_of(self, method: str) -> Any:
         """The settings a drafter is built with (None: its defaults, for the baseline)."""
@@ -138,6 +140,7 @@ class Job:
             "max_new_tokens": self.max_new_tokens,
             "device": self.hardware.label,
             "attn_implementation": self.hardware.get("attn_implementation", ""),
+            "forward": self.hardware.get("forward", "eager"),
             **({"request_rate": self.request_rate or float("inf"), "max_concurrency": self.max_concurrency or self.batch_size}
                if self.served else {}),
         }
@@ -153,6 +156,7 @@ def plan(cfg: DictConfig) -> Job:
     cfg = cfg.copy()
     with open_dict(cfg):
         cfg.hardware = resolve_hardware(cfg.hardware)
+        cfg.hardware.forward = str(cfg.get("forward") or "eager")  # the loader and the rows read it there
         store_choice = resolve_auto_store(cfg)  # datastore: auto -> the store read (hashed as such)
     checked = validate(cfg)
     check_weights(OmegaConf.to_container(cfg.model, resolve=True))  # before a method plans work for the model
@@ -180,7 +184,8 @@ def plan(cfg: DictConfig) -> Job:
     _warn_device_fit(cfg)
     return Job(
         method=method,
-        preset=preset_name(cfg) + (f":{budget}" if budget in ("auto", "static", "replay") else ""),
+        preset=preset_name(cfg) + mode_tag(cfg.hardware.forward)
+        + (f":{budget}" if budget in ("auto", "static", "replay") else ""),
         method_config=checked["method"],
         budget=budget,
         baseline=bool(cfg.baseline),
@@ -263,10 +268,13 @@ RESULTS_VERSION = 2
 def hash_config(cfg: DictConfig) -> str:
     """The hash that names a run's results: every setting but the bookkeeping ones, and the results version."""
     plain = OmegaConf.to_container(cfg, resolve=True)
+    (plain.get("hardware") or {}).pop("forward", None)  # the loader's copy of the top-level setting (hashed there)
     for key in BOOKKEEPING:
         plain.pop(key, None)
     if (plain.get("batch_size") or 1) == 1:  # batch 1 hashes as every run made before batches existed
         plain.pop("batch_size", None)
+    if plain.get("forward", "eager") == "eager":  # as every run made before forward modes existed
+        plain.pop("forward", None)
     if not plain.get("engines"):  # no peer engine: as every run made before engines existed
         plain.pop("engines", None)
     if not plain.get("engine_draft"):
@@ -277,6 +285,11 @@ def hash_config(cfg: DictConfig) -> str:
     if (plain.get("batch_size") or 1) > 1 or "request_rate" in plain:  # 2: the serving clock (harness I/O off it)
         plain["serving_version"] = 2
     return config_hash({**plain, "results_version": RESULTS_VERSION})
+
+
+def mode_tag(forward: str) -> str:
+    """What a preset's label gains in a forward mode other than eager (``pld@compiled``)."""
+    return "" if forward in ("eager", None) else f"@{forward}"
 
 
 def preset_name(cfg: DictConfig) -> str:

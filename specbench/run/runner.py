@@ -31,7 +31,7 @@ from methods.registry import get_method
 from specbench import data as datasets_
 from specbench.core.decode import generate
 from specbench.core.draft import DrafterContext
-from specbench.core.forward import Target
+from specbench.core.engine import announce, make_target
 from specbench.core.reference import References
 from specbench.errors import ConfigError
 from specbench.models import load_draft, load_model
@@ -109,14 +109,15 @@ class Measurement:
 
     def __init__(self, job: Job, loaded: Any, writer: ResultWriter, prompts: dict[str, list[int]]) -> None:
         self.job, self.loaded, self.writer, self.prompts = job, loaded, writer, prompts
-        self.target = Target(loaded.model)
+        self.target = make_target(loaded.model, getattr(loaded, "forward", "eager"))
+        print(announce(self.target, job.batch_size), file=sys.stderr)  # compiled before any timing, said apart
         self.cost = None
         if job.auto or any(get_method(name).needs_reference for name in job.methods):
             from specbench.machine.costs import load_or_measure
 
             self.cost = load_or_measure(loaded, loaded.name, loaded.dtype,
                                         str(job.hardware.get("attn_implementation", "")), progress=job.progress,
-                                        batch_size=job.batch_size, check=job.budget == "auto")
+                                        batch_size=job.batch_size, check=job.budget == "auto", target=self.target)
         drafter_context = DrafterContext(
             sampling=job.sampling,
             device=self.target.device,

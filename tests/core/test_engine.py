@@ -150,3 +150,17 @@ def test_a_batch_decodes_as_one_request_does(pair):
                   for i, p in enumerate(prompts)])
     done = {req.tag: rec.output_ids for req, rec in decode_batch(compiled, lambda: next(queue, None), batch_size=4)}
     assert [done[i] for i in range(len(prompts))] == alone
+
+
+def test_inductor_decodes_as_eager_and_a_second_decode_compiles_nothing():
+    """The real compiler: greedy output equal to transformers' forward; once every width the decode visits has
+    been compiled, decoding again recompiles nothing (torch raises on a recompilation)."""
+    model = build()
+    compiled = CompiledTarget(model)
+    ours = generate(compiled, Drafter(vocab_size=0), PROMPT, max_new_tokens=10).output_ids
+    assert ours == generate(Target(model), Drafter(vocab_size=0), PROMPT, max_new_tokens=10).output_ids
+    shapes, spent = set(compiled.compiled), compiled.compile_s
+    assert shapes and spent > 0
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        again = generate(compiled, Drafter(vocab_size=0), PROMPT, max_new_tokens=10).output_ids
+    assert again == ours and compiled.compiled == shapes and compiled.compile_s == spent

@@ -4,7 +4,10 @@ Each method in ``method_names()`` runs with its default settings (plus what the 
 methods that need a store, a trained head or a model of their own) through
 
 * the greedy check: output equal to autoregressive decoding, token for token, on a tiny Llama;
-* the sampling check: the first tokens' joint distribution against the target's exact one (chi-square).
+* the sampling check: the first tokens' joint distribution against the target's exact one (chi-square);
+* both again with ``forward=compiled`` (:class:`specbench.core.engine.CompiledTarget`, its static-shape path
+  with torch.compile's ``eager`` backend): greedy at batch 1 and, for the methods that batch, at batch 4; the
+  sampling check for the methods that verify through the real model.
 
 A method missing from the lists below that cannot run on its defaults fails here, naming itself.
 """
@@ -19,7 +22,9 @@ import torch
 from methods.registry import build_method_config, get_method, method_names
 from specbench.budget.costs import CostModel
 from specbench.core.acceptance import SamplingParams
+from specbench.core.decode import Request, decode_batch
 from specbench.core.draft import DrafterContext
+from specbench.core.engine import CompiledTarget
 from specbench.core.reference import References
 from specbench.drafting.acceptance_head import AcceptanceHead, save_head
 from specbench.drafting.eagle_drafter import random_head
@@ -30,6 +35,7 @@ from tests.lossless import (
     BigramTarget,
     assert_greedy_lossless,
     assert_sampling_preserves_distribution,
+    autoregressive_output,
     counting_proposals,
     small_vocab_target,
 )
@@ -145,3 +151,52 @@ def test_sampling_keeps_the_target_distribution(name, store, target, tmp_path):
                                            extra=2)
     if name not in NEVER_DRAFTS:
         assert sum(proposed) > 0, f"{name} proposed nothing: the check saw no draft"
+
+
+@pytest.fixture(scope="module")
+def compiled(target):
+    """The same tiny Llama with ``forward=compiled`` (the static shapes, compiled with the eager backend)."""
+    return CompiledTarget(target.model, backend="eager")
+
+
+@pytest.mark.parametrize("name", shipped_methods())
+def test_greedy_output_is_autoregressive_compiled(name, store, compiled, tmp_path):
+    proposed: list[int] = []
+    make = counting_proposals(_maker(name, store, compiled, tmp_path, SamplingParams()), proposed)
+    assert_greedy_lossless(compiled, make, GREEDY_PROMPTS, 24)
+    if name not in NEVER_DRAFTS:
+        assert sum(proposed) > 0, f"{name} proposed nothing: the check saw no draft"
+
+
+BATCH_PROMPTS = [*GREEDY_PROMPTS, [2, 3, 4, 2, 3], [7, 1, 7, 1, 7, 1, 6], [4, 4, 5, 4, 4]]
+
+
+@pytest.mark.parametrize("name", [n for n in shipped_methods() if get_method(n).batchable])
+def test_a_compiled_batch_of_4_gives_each_request_its_autoregressive_output(name, store, compiled, tmp_path):
+    first = _maker(name, store, compiled, tmp_path, SamplingParams())()  # a batch's drafters: its spawns
+    queue = [Request(prompt_ids=p, max_new_tokens=16, drafter=first.spawn(), tag=i) for i, p in enumerate(BATCH_PROMPTS)]
+    queue.reverse()
+    done = {req.tag: rec.output_ids for req, rec in decode_batch(compiled, lambda: queue.pop() if queue else None,
+                                                                   batch_size=4)}
+    for i, prompt in enumerate(BATCH_PROMPTS):
+        assert done[i] == autoregressive_output(compiled, prompt, 16), f"request {i} diverged"
+
+
+@pytest.mark.parametrize("name", ["sps", "pld"])
+def test_sampling_keeps_the_target_distribution_compiled(name, store, compiled, tmp_path):
+    params = SamplingParams(temperature=1.0)
+    make = _maker(name, store, compiled, tmp_path, params)
+    assert_sampling_preserves_distribution(make, params, target=compiled, trials=600, extra=2)
+
+
+@pytest.fixture(scope="module")
+def inductor(target):
+    """The same tiny Llama with ``forward=compiled`` as a run has it: compiled with Inductor."""
+    return CompiledTarget(target.model)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", shipped_methods())
+def test_greedy_output_is_autoregressive_under_inductor(name, store, inductor, tmp_path):
+    make = _maker(name, store, inductor, tmp_path, SamplingParams())
+    assert_greedy_lossless(inductor, make, GREEDY_PROMPTS, 24)
