@@ -275,6 +275,7 @@ def bench(loaded, prompts, presets: list[str], max_new: int, run_cfg=None, store
         if mode != "eager" and cost is not None:
             costs[mode] = cost if cost.device_name == "flat" else load_or_measure(
                 dataclasses.replace(loaded, forward=mode), loaded.name, loaded.dtype, "sdpa", check=True, target=t)
+            print(f"cost curve (forward={mode}):\n{costs[mode].table()}")
     eos = loaded.eos_token_ids
     sampling = sampling or SamplingParams()
     drafters = {"autoregressive": get_method("autoregressive")(None, vocab_size=loaded.vocab_size)}

@@ -79,6 +79,12 @@ def target():
     return small_vocab_target()
 
 
+@pytest.fixture(scope="module")
+def compiled(target):
+    """The same tiny Llama with ``forward=compiled`` (the static shapes, compiled with the eager backend)."""
+    return CompiledTarget(target.model, backend="eager")
+
+
 def _head(tmp_path, name: str, params: dict, hidden: int, greedy: bool) -> str:
     config = build_method_config(name, params)
     torch.manual_seed(0)
@@ -130,11 +136,13 @@ def test_the_lists_name_registered_methods():
         assert group <= set(shipped_methods())
 
 
+@pytest.mark.parametrize("forward", ["eager", "compiled"])
 @pytest.mark.parametrize("name", shipped_methods())
-def test_greedy_output_is_autoregressive(name, store, target, tmp_path):
+def test_greedy_output_is_autoregressive(name, forward, store, target, compiled, tmp_path):
+    on = target if forward == "eager" else compiled
     proposed: list[int] = []
-    make = counting_proposals(_maker(name, store, target, tmp_path, SamplingParams()), proposed)
-    assert_greedy_lossless(target, make, GREEDY_PROMPTS, 24)
+    make = counting_proposals(_maker(name, store, on, tmp_path, SamplingParams()), proposed)
+    assert_greedy_lossless(on, make, GREEDY_PROMPTS, 24)
     if name not in NEVER_DRAFTS:
         assert sum(proposed) > 0, f"{name} proposed nothing: the check saw no draft"
 
@@ -149,21 +157,6 @@ def test_sampling_keeps_the_target_distribution(name, store, target, tmp_path):
     make = counting_proposals(_maker(name, store, target, tmp_path, params, model), proposed)
     assert_sampling_preserves_distribution(make, params, target=on, trials=600 if name in NEEDS_MODEL else 1500,
                                            extra=2)
-    if name not in NEVER_DRAFTS:
-        assert sum(proposed) > 0, f"{name} proposed nothing: the check saw no draft"
-
-
-@pytest.fixture(scope="module")
-def compiled(target):
-    """The same tiny Llama with ``forward=compiled`` (the static shapes, compiled with the eager backend)."""
-    return CompiledTarget(target.model, backend="eager")
-
-
-@pytest.mark.parametrize("name", shipped_methods())
-def test_greedy_output_is_autoregressive_compiled(name, store, compiled, tmp_path):
-    proposed: list[int] = []
-    make = counting_proposals(_maker(name, store, compiled, tmp_path, SamplingParams()), proposed)
-    assert_greedy_lossless(compiled, make, GREEDY_PROMPTS, 24)
     if name not in NEVER_DRAFTS:
         assert sum(proposed) > 0, f"{name} proposed nothing: the check saw no draft"
 
