@@ -9,15 +9,18 @@ modules, the way gpt-fast and serving engines do:
   themselves, are never read back, and write keys and values past the block, where the next block
   overwrites them. The LM head runs on the kept rows, padded the same way. A prompt longer than 128 tokens
   is prefilled in 128-token pieces, so every shape the compiler sees comes from that short list.
-- **The KV store allocated once** at the request's limit (plus the widest block), zeroed, so its buffers
-  keep their addresses for the whole run (:meth:`~specbench.core.kv.RowCache.allocate`).
-- **Compiled pieces, shared by every layer.** Each layer is two compiled functions of its weights (passed
-  as arguments, so one compiled graph serves all layers): before attention (RMS norm, the fused q/k/v
-  product, rotary embedding) and after it (the output product, the residual, RMS norm, the fused
-  gate/up product, SiLU, the down product). Attention itself reads the cache at the step's span through
-  SDPA with the query heads that share a K/V head folded into its rows (as :mod:`specbench.core.attention`
-  does). A one-token product is written as a multiply-and-sum over the weight rows, which Inductor turns
-  into one streaming loop (on a 2-core CPU it reads the weights faster than a BLAS call for one row).
+- **The KV store allocated once** at the request's limit (plus the widest block), so its buffers keep their
+  addresses for the whole run (:meth:`~specbench.core.kv.RowCache.allocate`; entries are zeroed as forwards
+  first read them).
+- **Compiled pieces, shared by every layer.** The part of a layer before attention (RMS norm, the fused
+  q/k/v product, rotary embedding) and the part after it (the output product, the residual, RMS norm, the
+  fused gate/up product, SiLU, the down product) are compiled functions of the layer's weights, passed as
+  arguments so that one compiled graph serves every layer; between two layers, one call runs the end of one
+  and the start of the next. Attention reads the cache at the step's span through SDPA, the query heads
+  that share a K/V head folded into its rows (as :mod:`specbench.core.attention` does). A one-row product
+  is a multiply-and-sum over the weight rows, which Inductor turns into one streaming loop (on a 2-core CPU
+  it reads the weights faster than a library call for one row); blocks of several rows multiply with
+  oneDNN's prepacked weights (:func:`packed_linear`), as the eager forward does.
 
 What stays out: models other than Llama-shaped decoders (Llama, Mistral without a sliding window, Qwen2) are
 refused in one line, and so is a GPU: there the forward is to be captured as CUDA graphs per width, which is
