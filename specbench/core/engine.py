@@ -5,7 +5,7 @@ compaction; every caller unchanged) whose forward runs the decoder itself instea
 modules, the way gpt-fast and serving engines do:
 
 - **Static shapes.** A step's ``n`` rows of ``q`` tokens run as ``n × width(q)`` tokens, ``width`` rounding
-  up to a power of two (:data:`WIDTHS` up to 128). Padded rows sit at their row's last position, see only
+  up to a power of two (:data:`WIDTHS` up to 128; past it, a multiple of 128). Padded rows sit at their row's last position, see only
   themselves, are never read back, and write keys and values past the block, where the next block
   overwrites them. The LM head runs on the kept rows, padded the same way. A prompt longer than 128 tokens
   is prefilled in 128-token pieces, so every shape the compiler sees comes from that short list.
@@ -55,8 +55,9 @@ class EngineError(ConfigError):
 
 
 def width(q: int) -> int:
-    """The padded width that ``q`` tokens run at: the next power of two."""
-    return 1 << max(0, q - 1).bit_length()
+    """The padded width that ``q`` tokens run at: the next power of two up to :data:`PIECE`, past it the next
+    multiple of :data:`PIECE` (a paper-sized block, compiled on its first use)."""
+    return 1 << max(0, q - 1).bit_length() if q <= PIECE else -(-q // PIECE) * PIECE
 
 
 def supported(model: torch.nn.Module) -> str | None:
@@ -263,11 +264,11 @@ class CompiledTarget(Target):
     def prefill_rows(self, prompts: list[list[int]], cache: RowCache, lo: int, features: tuple[int, ...] = ()
                      ) -> torch.Tensor:
         """Each prompt prefilled in its own slot (in pieces), one after the other."""
-        logits, self_rows = [], []
+        logits, states = [], []
         for r, prompt in enumerate(prompts):
             logits.append(self.prefill(prompt, cache, features, slot=lo + r))
-            self_rows.append(self.features)
-        self.row_features = self_rows
+            states.append(self.features)
+        self.row_features = states
         return torch.stack(logits)
 
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, mask, cache: RowCache, lo: int = 0,
@@ -275,9 +276,6 @@ class CompiledTarget(Target):
         n, q = ids.shape
         if isinstance(mask, dict):
             raise EngineError("forward=compiled has no sliding-window layers: run this model with forward=eager")
-        if q > PIECE:
-            raise EngineError(f"a block of {q} tokens is wider than forward=compiled's {PIECE}: lower the method's "
-                              f"budget or run with forward=eager")
         w = width(q)
         past = torch.as_tensor(cache.lengths[lo : lo + n], dtype=torch.long)
         if w > q:  # padded rows: at the row's last position, seeing only themselves

@@ -43,7 +43,19 @@ AUX = Draft(tokens=[5, 6], parents=[-1, 0], aux_tokens=[11, 12, 13], aux_positio
 
 def test_widths_are_powers_of_two():
     assert [width(q) for q in (1, 2, 3, 5, 8, 9, 100, 128)] == [1, 2, 4, 8, 8, 16, 128, 128]
+    assert [width(q) for q in (129, 256, 257)] == [256, 256, 384]  # a paper-sized block: multiples of 128
     assert WIDTHS[-1] == PIECE
+
+
+def test_a_block_wider_than_128_tokens_runs_too(pair):
+    """The paper's budgets verify about 120 guesses plus a pool: a block past 128 rows runs at 256."""
+    wide = Draft(tokens=[t % VOCAB for t in range(140)], parents=[-1] + list(range(139)))  # a chain of 140 guesses
+    caches = [t.new_cache(1, limit=200) for t in pair]
+    with torch.inference_mode():
+        for t, c in zip(pair, caches, strict=True):
+            t.prefill(PROMPT, c)
+        got = [t.forward_draft(7, wide, c) for t, c in zip(pair, caches, strict=True)]
+    torch.testing.assert_close(got[1], got[0], atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("draft", [Draft(tokens=[], parents=[]), Draft(tokens=[4, 5, 6], parents=[-1, 0, 1]), TREE,
