@@ -12,15 +12,19 @@ modules, the way gpt-fast and serving engines do:
 - **The KV store allocated once** at the request's limit (plus the widest block), so its buffers keep their
   addresses for the whole run (:meth:`~specbench.core.kv.RowCache.allocate`; entries are zeroed as forwards
   first read them).
-- **Compiled pieces, shared by every layer.** The part of a layer before attention (RMS norm, the fused
-  q/k/v product, rotary embedding) and the part after it (the output product, the residual, RMS norm, the
-  fused gate/up product, SiLU, the down product) are compiled functions of the layer's weights, passed as
-  arguments so that one compiled graph serves every layer; between two layers, one call runs the end of one
-  and the start of the next. Attention reads the cache at the step's span through SDPA, the query heads
-  that share a K/V head folded into its rows (as :mod:`specbench.core.attention` does). A one-row product
-  is a multiply-and-sum over the weight rows, which Inductor turns into one streaming loop (on a 2-core CPU
-  it reads the weights faster than a library call for one row); blocks of several rows multiply with
-  oneDNN's prepacked weights (:func:`packed_linear`), as the eager forward does.
+- **Layers compiled in runs, one graph shared by every run.** A decoder layer (RMS norm, the fused q/k/v
+  product, rotary embedding, the keys and values written into the cache in place at the rows' positions,
+  attention over the cache, the output product, the residual, RMS norm, the fused gate/up product, SiLU,
+  the down product) is a function of its weights and cache rows, passed as arguments; :data:`GROUP`
+  consecutive layers run in one compiled call (:func:`groups`: 30 layers as 5 runs of 6), so a one-token
+  step enters compiled code 6 times instead of once or twice per layer, and one graph (two where the
+  layers do not divide evenly) serves every run. The step's span (the entries its rows attend over) is the
+  one dynamic size, so a width compiles once for every context length. Attention folds the query heads
+  that share a K/V head into its rows (as :mod:`specbench.core.attention` does); up to :data:`~specbench.core.decoder.NARROW` rows
+  it is written as sums the compiler fuses into its loops, wider blocks use library products. A one-row
+  weight product is a multiply-and-sum over the weight rows, which Inductor turns into one streaming loop
+  (on a 2-core CPU it reads the weights faster than a library call for one row); blocks of several rows
+  multiply with oneDNN's prepacked weights (:func:`~specbench.core.decoder.packed_linear`), as the eager forward does.
 
 What stays out: models other than Llama-shaped decoders (Llama, Mistral without a sliding window, Qwen2) are
 refused in one line, and so is a GPU: there the forward is to be captured as CUDA graphs per width, which is
@@ -34,10 +38,12 @@ says how long compiling took, reported apart from decoding.
 from __future__ import annotations
 
 import time
+import types
 
 import torch
 import torch.nn.functional as F
 
+from specbench.core import decoder
 from specbench.core.forward import Target
 from specbench.core.kv import RowCache
 from specbench.errors import ConfigError
@@ -45,6 +51,7 @@ from specbench.errors import ConfigError
 FORWARD_MODES = ("eager", "compiled")
 WIDTHS = (1, 2, 4, 8, 16, 32, 64, 128)  # the block widths compiled (more rows: the next power of two)
 PIECE = WIDTHS[-1]  # prompts are prefilled in pieces of this many tokens
+GROUP = 6  # at most this many layers run in one compiled call (fewer calls; a longer first compilation)
 FAMILIES = ("llama", "mistral", "qwen2")  # decoders whose layers this forward reproduces
 GPU_NOT_YET = ("forward=compiled runs on a CPU so far (its GPU form, CUDA graphs per width, is not built yet): "
                "use forward=eager on a GPU")
@@ -58,6 +65,14 @@ def width(q: int) -> int:
     """The padded width that ``q`` tokens run at: the next power of two up to :data:`PIECE`, past it the next
     multiple of :data:`PIECE` (a paper-sized block, compiled on its first use)."""
     return 1 << max(0, q - 1).bit_length() if q <= PIECE else -(-q // PIECE) * PIECE
+
+
+def groups(layers: int, most: int = GROUP) -> list[range]:
+    """The layers cut into runs of nearly equal length, at most ``most`` each (so at most two lengths, and two
+    compiled graphs a shape)."""
+    count = -(-layers // most)
+    cuts = [layers * i // count for i in range(count + 1)]
+    return [range(a, b) for a, b in zip(cuts, cuts[1:], strict=False)]
 
 
 def supported(model: torch.nn.Module) -> str | None:
@@ -81,94 +96,6 @@ def supported(model: torch.nn.Module) -> str | None:
     return None
 
 
-def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMS norm as Llama computes it: in fp32, scaled by the weight in the input's dtype."""
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
-
-
-@torch.library.custom_op("specbench::packed_linear", mutates_args=())
-def packed_linear(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
-    """``x @ W.T`` with ``W`` laid out once for oneDNN (``torch.ops.mkldnn._reorder_linear_weight``): an opaque
-    call to the compiler, which would otherwise want the weight as a constant of the graph."""
-    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, None, "none", [], "")
-
-
-@packed_linear.register_fake
-def _(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
-    return x.new_empty((x.shape[0], out_features))
-
-
-def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether blocks of several rows multiply with prepacked oneDNN weights here (CPUs, fp32 and bf16)."""
-    if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16) or not torch.backends.mkldnn.is_available():
-        return False
-    if not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
-        return False
-    return dtype == torch.float32 or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())  # bf16: AVX-512 or NE
-
-
-def _weight(w: torch.Tensor, pack: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """A weight as the forward takes it: itself (one row), and laid out for oneDNN (several rows) where it can."""
-    w = w.detach().contiguous()
-    return w, (torch.ops.mkldnn._reorder_linear_weight(w, None) if pack else None)
-
-
-def _product(x: torch.Tensor, weight: tuple, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ W.T (+ bias)`` for ``weight`` = (W, W packed or None). One row: a multiply-and-sum, which compiles to
-    one streaming pass over W (on a 2-core CPU faster than any library call for one row); several: oneDNN's
-    product on the packed weight (it lays nothing out per call), else ``F.linear``."""
-    plain, packed = weight
-    if x.shape[0] == 1:
-        out = (x[:, None, :] * plain[None]).sum(-1)
-    elif packed is not None:
-        out = packed_linear(x, packed, plain.shape[0])
-    else:
-        out = F.linear(x, plain)
-    return out if bias is None else out + bias
-
-
-def _half_turn(x: torch.Tensor) -> torch.Tensor:
-    a, b = x.chunk(2, -1)
-    return torch.cat((-b, a), -1)
-
-
-def _before(x, cos, sin, norm, qkv, qkv_bias, eps: float, heads: int, kv_heads: int):
-    """Norm, q/k/v and rotary embedding of ``x`` [T, hidden]: q as [kv heads, group, T, dim] (the rows of each
-    K/V head's query heads, in the order :func:`folded` attention wants them), k and v as [kv heads, T, dim]."""
-    t = x.shape[0]
-    dim = cos.shape[-1]
-    out = _product(_norm(x, norm, eps), qkv, qkv_bias)
-    q = out[:, : heads * dim].view(t, heads, dim)
-    k = out[:, heads * dim : (heads + kv_heads) * dim].view(t, kv_heads, dim)
-    v = out[:, (heads + kv_heads) * dim :].view(t, kv_heads, dim)
-    cos, sin = cos[:, None], sin[:, None]
-    q = q * cos + _half_turn(q) * sin
-    k = k * cos + _half_turn(k) * sin
-    q = q.view(t, kv_heads, heads // kv_heads, dim).permute(1, 2, 0, 3).contiguous()
-    return q, k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous()
-
-
-def _after(x, attn, o, norm, gate_up, down, eps: float):
-    """The rest of a layer: ``attn`` [kv heads, group, T, dim] through the output product and the MLP."""
-    t = x.shape[0]
-    x = x + _product(attn.permute(2, 0, 1, 3).reshape(t, -1), o)
-    gate, up = _product(_norm(x, norm, eps), gate_up).chunk(2, -1)
-    return x + _product(F.silu(gate) * up, down)
-
-
-def _between(x, attn, cos, sin, o, norm2, gate_up, down, norm1, qkv, qkv_bias, eps: float, heads: int,
-             kv_heads: int):
-    """One layer's :func:`_after` and the next one's :func:`_before` in one compiled call."""
-    x = _after(x, attn, o, norm2, gate_up, down, eps)
-    return (x, *_before(x, cos, sin, norm1, qkv, qkv_bias, eps, heads, kv_heads))
-
-
-def _head(x, norm, weight, eps: float):
-    return _product(_norm(x, norm, eps), weight)
-
-
 class CompiledTarget(Target):
     """The target with ``forward=compiled``; ``backend``: torch.compile's (``inductor``; ``eager`` runs the
     same static-shape path uncompiled, as the quick tests do)."""
@@ -187,27 +114,28 @@ class CompiledTarget(Target):
         self.scale = float(getattr(first, "scaling", self.head_dim ** -0.5))
         self.eps = float(config.rms_norm_eps)
         self.max_positions = int(getattr(config, "max_position_embeddings", 4096))
-        pack = can_pack(self.device, self.dtype)
+        pack = decoder.can_pack(self.device, self.dtype)
         self.weights = [self._layer_weights(layer, pack) for layer in self.base.layers]
         self.embed = model.get_input_embeddings().weight.detach()
-        self.final = (self.base.norm.weight.detach(), _weight(self.lm_head.weight, pack))
+        self.final = (self.base.norm.weight.detach(), decoder.lay_out(self.lm_head.weight, pack))
         self.cos, self.sin = self._rotary(self.max_positions + PIECE)
         self.backend = backend
         self.compile_s, self.compiled = 0.0, set()  # seconds spent compiling; the shapes compiled so far
-        self._fns = {name: torch.compile(fn, backend=backend, dynamic=False, fullgraph=True)
-                     for name, fn in (("before", _before), ("between", _between), ("after", _after),
-                                      ("head", _head))}
+        self.runs = groups(self.n_layers)
+        # dynamic=None with automatic dynamic shapes off: every size static but the span, marked dynamic
+        self._fns = {name: torch.compile(_own(fn), backend=backend, dynamic=None, fullgraph=True)
+                     for name, fn in (("layers", decoder.layers), ("head", decoder.head))}
         _allow_recompiles()
 
     def _layer_weights(self, layer, pack: bool) -> tuple:
         """A layer's weights as the compiled pieces take them: q/k/v fused in one matrix, gate and up in another."""
         a, m = layer.self_attn, layer.mlp
         parts = (a.q_proj, a.k_proj, a.v_proj)
-        qkv = _weight(torch.cat([p.weight.detach() for p in parts]), pack)
+        qkv = decoder.lay_out(torch.cat([p.weight.detach() for p in parts]), pack)
         bias = torch.cat([p.bias.detach() for p in parts]) if parts[0].bias is not None else None
-        gate_up = _weight(torch.cat([m.gate_proj.weight.detach(), m.up_proj.weight.detach()]), pack)
-        return (layer.input_layernorm.weight.detach(), qkv, bias, _weight(a.o_proj.weight, pack),
-                layer.post_attention_layernorm.weight.detach(), gate_up, _weight(m.down_proj.weight, pack))
+        gate_up = decoder.lay_out(torch.cat([m.gate_proj.weight.detach(), m.up_proj.weight.detach()]), pack)
+        return (layer.input_layernorm.weight.detach(), qkv, bias, decoder.lay_out(a.o_proj.weight, pack),
+                layer.post_attention_layernorm.weight.detach(), gate_up, decoder.lay_out(m.down_proj.weight, pack))
 
     def _rotary(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin of every position up to ``n``, from the model's own rotary module (scaling included)."""
@@ -225,7 +153,7 @@ class CompiledTarget(Target):
         return cache
 
     def _call(self, name: str, *args):
-        key = (name, args[0].shape[0])
+        key = (name, *args[4].shape, len(args[3])) if name == "layers" else (name, args[0].shape[0])  # rows, width, run
         if key in self.compiled:
             return self._fns[name](*args)
         start = time.perf_counter()
@@ -237,8 +165,8 @@ class CompiledTarget(Target):
     def warm(self, rows: int = 1) -> float:
         """Compile every width for 1 to ``rows`` rows before anything is timed; returns the seconds it took."""
         before = self.compile_s
-        cache = self.new_cache(rows, limit=PIECE)
-        with torch.inference_mode():
+        with torch.inference_mode():  # as decoding runs: its cache's tensors are inference tensors
+            cache = self.new_cache(rows, limit=PIECE)
             for n in range(1, rows + 1):
                 for w in WIDTHS:
                     ids = torch.zeros((n, w), dtype=torch.long, device=self.device)
@@ -282,38 +210,31 @@ class CompiledTarget(Target):
             ids = F.pad(ids, (0, w - q))
             positions = torch.cat([positions, positions[:, -1:].expand(n, w - q)], 1)
         cache.begin(lo, lo + n, w)
-        span = int(past.max()) + w
+        if not cache.stores:
+            cache.allocate(self.kv_heads, self.head_dim, self.dtype, cache.capacity)
+        span = max(2, int(past.max()) + w)  # never 1 nor the whole buffer: the compiler specializes on both
+        if span >= cache.capacity:
+            cache.reserve(span + 1)
         visible = self._visible(mask, past, q, w, span)  # [n, 1, group × w, span], float
+        torch._dynamo.maybe_mark_dynamic(visible, 3)  # one graph for every span (guards as the compiler needs)
+        where = (past[:, None] + torch.arange(w)[None]).to(self.device)
         x = self.embed[ids.reshape(-1)]
         flat = positions.reshape(-1)
         cos, sin = self.cos[flat], self.sin[flat]
-        wanted = {layer: layer % (self.n_layers + 1) for layer in features}
-        caught: dict[int, torch.Tensor] = {}
-        group = self.heads // self.kv_heads
-        shape = (self.eps, self.heads, self.kv_heads)
-        if 0 in wanted.values():
-            caught[0] = x.view(n, w, -1)[:, :q]
-        qf, k, v = self._call("before", x, cos, sin, *self.weights[0][:3], *shape)
-        for i, (_, _, _, o, norm2, gate_up, down) in enumerate(self.weights):
-            keys, values = cache._write(i, k.view(self.kv_heads, n, w, -1).transpose(0, 1),
-                                        v.view(self.kv_heads, n, w, -1).transpose(0, 1))
-            rows = qf.view(self.kv_heads, group, n, w, -1).permute(2, 0, 1, 3, 4).reshape(n, self.kv_heads, group * w, -1)
-            attn = F.scaled_dot_product_attention(rows, keys, values, attn_mask=visible, scale=self.scale)
-            attn = attn.view(n, self.kv_heads, group, w, -1).permute(1, 2, 0, 3, 4).reshape(
-                self.kv_heads, group, n * w, -1)
-            if i + 1 == self.n_layers:
-                x = self._call("after", x, attn, o, norm2, gate_up, down, self.eps)
-                break
-            if i + 1 in wanted.values():  # the next layer's input, before its norm: one call less otherwise
-                x = self._call("after", x, attn, o, norm2, gate_up, down, self.eps)
-                caught[i + 1] = x.view(n, w, -1)[:, :q]
-                qf, k, v = self._call("before", x, cos, sin, *self.weights[i + 1][:3], *shape)
-            else:
-                x, qf, k, v = self._call("between", x, attn, cos, sin, o, norm2, gate_up, down,
-                                         *self.weights[i + 1][:3], *shape)
-        if self.n_layers in wanted.values():
-            caught[self.n_layers] = self.base.norm(x.view(n, w, -1)[:, :q])
-        self.features = {layer: caught[i] for layer, i in wanted.items()}
+        store = cache.stores[self.device]
+        outs = [x]  # outs[i]: the input of layer i (before its norm)
+        for run in self.runs:
+            kvs = [store[cache._where[i][1], :, lo : lo + n] for i in run]
+            for kv in kvs:  # any request's capacity: one graph
+                torch._dynamo.maybe_mark_dynamic(kv, 3)
+            outs += self._call("layers", x, cos, sin, kvs, where, visible, self.weights[run.start : run.stop],
+                               self.eps, self.heads, self.kv_heads, self.scale)
+            x = outs[-1]
+        self.features = {}
+        for layer in features:
+            at = layer % (self.n_layers + 1)
+            h = outs[at].view(n, w, -1)[:, :q]
+            self.features[layer] = self.base.norm(h) if at == self.n_layers else h
         index = self._kept(keep, n, q, w)
         rows = x.index_select(0, F.pad(index, (0, width(len(index)) - len(index))))
         return self._call("head", rows, *self.final, self.eps)[: len(index)]
@@ -370,10 +291,19 @@ def announce(target: Target, rows: int = 1) -> str:
             "Inductor keeps its kernels for later runs)")
 
 
+def _own(fn):
+    """A copy of ``fn`` with its own code object. torch keeps compiled graphs per code object, tries them in
+    turn and caps their number: each target compiling its own copy keeps the graphs of targets of other
+    shapes (a draft model, a test's models) out of its list."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
 def _allow_recompiles() -> None:
-    """One compiled graph per width and piece: allow that many entries per function (torch's default is 8)."""
+    """One compiled graph per rows × width × run length: allow that many entries per function (torch's default
+    is 8)."""
     import torch._dynamo.config as dynamo
 
+    dynamo.automatic_dynamic_shapes = False  # a new width compiles its own static graph, not a dynamic one
     for name in ("recompile_limit", "cache_size_limit"):
         if hasattr(dynamo, name):
-            setattr(dynamo, name, max(getattr(dynamo, name), 64))
+            setattr(dynamo, name, max(getattr(dynamo, name), 256))

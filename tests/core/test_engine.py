@@ -164,6 +164,34 @@ def test_a_batch_decodes_as_one_request_does(pair):
     assert [done[i] for i in range(len(prompts))] == alone
 
 
+class Chains(Drafter):
+    """Chains of 0, 1, … 9 guesses in turn (blocks of every width up to 16), whatever the target says."""
+
+    name = "chains"
+
+    def __init__(self) -> None:
+        self.turn = 0
+
+    def propose(self, state):
+        self.turn += 1
+        k = self.turn % 10
+        return Draft(tokens=[(7 * self.turn + i) % VOCAB for i in range(k)], parents=list(range(-1, k - 1))) if k else None
+
+
+def test_after_warm_up_no_request_compiles_again():
+    """Once :meth:`CompiledTarget.warm` has run, requests of other prompt lengths and limits (other spans, other
+    cache capacities) at every width up to 16 run on the graphs already compiled: a recompilation raises."""
+    model = build()
+    compiled = CompiledTarget(model)
+    compiled.warm(1)
+    shapes, spent = set(compiled.compiled), compiled.compile_s
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for prompt, new in ((PROMPT, 30), (PROMPT * 12, 50), (PROMPT[:2], 9)):
+            ours = generate(compiled, Chains(), prompt, max_new_tokens=new).output_ids
+            assert ours == generate(Target(model), Drafter(vocab_size=0), prompt, max_new_tokens=new).output_ids
+    assert compiled.compiled == shapes and compiled.compile_s == spent
+
+
 def test_inductor_decodes_as_eager_and_a_second_decode_compiles_nothing():
     """The real compiler: greedy output equal to transformers' forward; once every width the decode visits has
     been compiled, decoding again recompiles nothing (torch raises on a recompilation)."""
