@@ -14,30 +14,18 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
 
 from specbench.core.engine import make_target
-from specbench.machine.costs import _path, _tree
+from specbench.machine.costs import _tree, timed_step
 from specbench.models import load_model
 from specbench.provenance import environment_info
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 MODES = ("eager", "compiled")
-
-
-def step(target, draft, cache, root: int, past: int) -> tuple[float, torch.Tensor]:
-    target.sync()
-    t0 = time.perf_counter()
-    logits = target.forward_draft(root, draft, cache)
-    target.compact(cache, past, _path(len(draft.tokens) + 1))
-    target.sync()
-    seconds = time.perf_counter() - t0
-    cache.crop(past - cache.get_seq_length())
-    return seconds, logits
 
 
 @torch.inference_mode()
@@ -71,7 +59,7 @@ def main() -> None:
             logits = {}
             for r in range(args.rounds + 1):
                 for mode in MODES if r % 2 == 0 else MODES[::-1]:
-                    seconds, logits[mode] = step(targets[mode], draft, caches[mode], prompt[-1], past)
+                    seconds, logits[mode] = timed_step(targets[mode], draft, caches[mode], prompt[-1], past)
                     if r:  # round 0 warms up
                         times[mode].append(seconds)
             ratios = [c / e for c, e in zip(times["compiled"], times["eager"], strict=True)]

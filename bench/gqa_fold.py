@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from pathlib import Path
 
 import torch
@@ -21,22 +20,11 @@ from omegaconf import OmegaConf
 
 from specbench.core.attention import NAME, fold_gqa
 from specbench.core.forward import Target
-from specbench.machine.costs import _path, _tree
+from specbench.machine.costs import _tree, timed_step
 from specbench.models import load_model
 from specbench.provenance import environment_info
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-
-
-def step(target: Target, draft, cache, root: int, past: int) -> tuple[float, torch.Tensor]:
-    target.sync()
-    t0 = time.perf_counter()
-    logits = target.forward_draft(root, draft, cache)
-    target.compact(cache, past, _path(len(draft.tokens) + 1))
-    target.sync()
-    seconds = time.perf_counter() - t0
-    cache.crop(past - cache.get_seq_length())
-    return seconds, logits
 
 
 @torch.inference_mode()
@@ -70,7 +58,7 @@ def main() -> None:
                 order = ["sdpa", NAME] if r % 2 == 0 else [NAME, "sdpa"]
                 for impl in order:
                     loaded.model.set_attn_implementation(impl)
-                    seconds, logits[impl] = step(target, draft, cache, prompt[-1], past)
+                    seconds, logits[impl] = timed_step(target, draft, cache, prompt[-1], past)
                     if r:  # round 0 warms up
                         times[impl].append(seconds)
             ratios = [f / s for f, s in zip(times[NAME], times["sdpa"], strict=True)]

@@ -70,6 +70,20 @@ def _path(q: int) -> list[int]:
     return list(range(0, q - 1, 2))[:3]
 
 
+def timed_step(target: Any, draft: Draft, cache: Any, root: int, past: int) -> tuple[float, torch.Tensor]:
+    """One verification as the cost curve times it: ``forward_draft`` of ``draft`` after ``root``, then the
+    compaction of an accepted path (:func:`_path`), between device syncs; the cache is then cut back to its
+    ``past`` entries. Returns the seconds and the logits."""
+    target.sync()
+    t0 = perf_counter()
+    logits = target.forward_draft(root, draft, cache)
+    target.compact(cache, past, _path(len(draft.tokens) + 1))
+    target.sync()
+    seconds = perf_counter() - t0
+    cache.crop(past - cache.get_seq_length())  # back to the context (negative: tokens to drop)
+    return seconds, logits
+
+
 @torch.inference_mode()
 def measure(target: Any, vocab_size: int, *, qs=QS, contexts=None, repeats: int = 3, warmup: int = 2,
             seed: int = 0, progress: bool = False, context_length: int | None = None) -> CostModel:
@@ -91,15 +105,10 @@ def measure(target: Any, vocab_size: int, *, qs=QS, contexts=None, repeats: int 
     seconds = [[float("inf")] * len(qs) for _ in contexts]
     for r in range(warmup + repeats):
         for i, (cache, prompt, past) in enumerate(rows):
-            for j, (q, draft) in enumerate(zip(qs, drafts, strict=True)):
-                target.sync()
-                t0 = perf_counter()
-                target.forward_draft(prompt[-1], draft, cache)
-                target.compact(cache, past, _path(q))
-                target.sync()
+            for j, draft in enumerate(drafts):
+                took, _ = timed_step(target, draft, cache, prompt[-1], past)
                 if r >= warmup:
-                    seconds[i][j] = min(seconds[i][j], perf_counter() - t0)
-                cache.crop(past - cache.get_seq_length())  # back to the context (negative: tokens to drop)
+                    seconds[i][j] = min(seconds[i][j], took)
     if progress:
         for ctx, row in zip(contexts, seconds, strict=True):
             print(f"  context {ctx}: " + ", ".join(f"q {q} {1000 * s:.1f} ms" for q, s in zip(qs, row, strict=True)),
