@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from specbench.core.engine import FORWARD_MODES
 from specbench.errors import ModelLoadError, UnknownNameError, suggest
+from specbench.models.cuda_setup import no_cuda_reason, warn_if_gpu_unused
 from specbench.paths import CONF_DIR, conf_choices
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -92,8 +93,10 @@ def _hardware(hardware_cfg) -> dict:
         raise ModelLoadError(f"hardware.device '{hw['device']}' is not one of {', '.join(DEVICES)}")
     if hw["device"] == "auto":
         hw["device"] = "cuda" if torch.cuda.is_available() else "cpu"
+        if hw["device"] == "cpu":
+            warn_if_gpu_unused()
     elif hw["device"] == "cuda" and not torch.cuda.is_available():
-        raise ModelLoadError("hardware.device=cuda but torch sees no CUDA device: use hardware.device=cpu or a CUDA build of torch")
+        raise ModelLoadError(f"hardware.device=cuda but torch sees no CUDA device: {no_cuda_reason()}")
     if hw["num_gpus"] is not None:
         n = hw["num_gpus"]
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
