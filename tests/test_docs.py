@@ -28,3 +28,14 @@ def test_the_readme_is_short_and_its_links_resolve():
     for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text):
         if "://" not in target:
             assert (ROOT / target).exists(), target
+
+
+def test_configs_and_code_point_to_pages_that_exist():
+    """A comment that sends the reader somewhere names a page that exists, not a README section that moved."""
+    places = [*ROOT.glob("conf/**/*.yaml"), *ROOT.glob("specbench/**/*.py"), *ROOT.glob("methods/**/*.py")]
+    for path in places:
+        text = path.read_text()
+        for page in re.findall(r"\bdocs/[\w/.-]+?\.md\b", text):
+            assert (ROOT / page).exists(), f"{path.relative_to(ROOT)} names {page}"
+        moved = re.findall(r'\bREADME,? "[^"]+"', text)
+        assert not moved, f"{path.relative_to(ROOT)} points to README sections {moved}: name the page in docs/"

@@ -48,7 +48,7 @@ class DraftModelSettings:
     For ``self``, ``self_first_layers`` keeps the target's first k layers; when
     it is null, ``self_skip_layers`` lists the layers to leave out. The default
     skips SmolLM2's layers 12-15 (of 30), the best of the choices measured
-    (README, "Draft-model methods").
+    (docs/methods.md, "Draft-model methods").
     """
 
     draft_model: str = SELF
