@@ -39,3 +39,24 @@ def test_configs_and_code_point_to_pages_that_exist():
             assert (ROOT / page).exists(), f"{path.relative_to(ROOT)} names {page}"
         moved = re.findall(r'\bREADME,? "[^"]+"', text)
         assert not moved, f"{path.relative_to(ROOT)} points to README sections {moved}: name the page in docs/"
+
+
+def test_every_setting_has_a_line_in_the_settings_page():
+    """Every top-level key of conf/config.yaml, every hardware key and every model key is documented: a key added
+    without its line fails here."""
+    from omegaconf import OmegaConf
+
+    from specbench.models.config import MODEL_KEYS
+
+    page = (ROOT / "docs" / "settings.md").read_text()
+    assert undocumented(page, MODEL_KEYS) == []
+    top = [k for k in OmegaConf.load(ROOT / "conf" / "config.yaml") if k not in ("defaults", "hydra")]
+    hardware = {k for p in (ROOT / "conf" / "hardware").glob("*.yaml") for k in OmegaConf.load(p) if k != "defaults"}
+    assert undocumented(page, top, "") == []
+    assert undocumented(page, sorted(hardware), "hardware.") == []
+    assert undocumented(page + "| `model.name=` |", ["new_key"], "model.") == ["model.new_key"]  # the check bites
+
+
+def undocumented(page: str, keys, prefix: str = "model.") -> list[str]:
+    """The keys that no `` `<prefix><key>=`` or ``, `<prefix><key>=`` names in ``page``'s table."""
+    return [prefix + k for k in keys if not re.search(rf"`{re.escape(prefix + k)}(=|`)", page)]
