@@ -5,10 +5,11 @@ compaction; every caller unchanged) whose forward runs the decoder itself instea
 modules, the way gpt-fast and serving engines do:
 
 - **Static shapes.** A step's ``n`` rows of ``q`` tokens run as ``n × width(q)`` tokens, ``width`` rounding
-  up to a power of two (:data:`WIDTHS` up to 128; past it, a multiple of 128). Padded rows sit at their row's last position, see only
-  themselves, are never read back, and write keys and values past the block, where the next block
-  overwrites them. The LM head runs on the kept rows, padded the same way. A prompt longer than 128 tokens
-  is prefilled in 128-token pieces, so every shape the compiler sees comes from that short list.
+  up to a power of two (:data:`WIDTHS` up to 128; past it, a multiple of 128). Padded rows sit at their
+  row's last position, see only themselves, are never read back, and write keys and values past the block,
+  where the next block overwrites them. The LM head runs on the kept rows, padded the same way. A prompt
+  longer than 128 tokens is prefilled in 128-token pieces, so every shape the compiler sees comes from that
+  short list.
 - **The KV store allocated once** at the request's limit (plus the widest block), so its buffers keep their
   addresses for the whole run (:meth:`~specbench.core.kv.RowCache.allocate`; entries are zeroed as forwards
   first read them).
@@ -20,11 +21,12 @@ modules, the way gpt-fast and serving engines do:
   step enters compiled code 6 times instead of once or twice per layer, and one graph (two where the
   layers do not divide evenly) serves every run. The step's span (the entries its rows attend over) is the
   one dynamic size, so a width compiles once for every context length. Attention folds the query heads
-  that share a K/V head into its rows (as :mod:`specbench.core.attention` does); up to :data:`~specbench.core.decoder.NARROW` rows
-  it is written as sums the compiler fuses into its loops, wider blocks use library products. A one-row
-  weight product is a multiply-and-sum over the weight rows, which Inductor turns into one streaming loop
-  (on a 2-core CPU it reads the weights faster than a library call for one row); blocks of several rows
-  multiply with oneDNN's prepacked weights (:func:`~specbench.core.decoder.packed_linear`), as the eager forward does.
+  that share a K/V head into its rows (as :mod:`specbench.core.attention` does); up to
+  :data:`~specbench.core.decoder.NARROW` rows it is written as sums the compiler fuses into its loops, wider
+  blocks use library products. A one-row weight product is a multiply-and-sum over the weight rows, which
+  Inductor turns into one streaming loop (on a 2-core CPU it reads the weights faster than a library call
+  for one row); blocks of several rows multiply with oneDNN's prepacked weights
+  (:func:`~specbench.core.decoder.packed_linear`), as the eager forward does.
 
 What stays out: models other than Llama-shaped decoders (Llama, Mistral without a sliding window, Qwen2) are
 refused in one line, and so is a GPU: there the forward is to be captured as CUDA graphs per width, which is
