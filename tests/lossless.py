@@ -42,7 +42,8 @@ _AR_CACHE: dict[tuple, tuple[object, list[int]]] = {}  # values keep the model a
 
 def autoregressive_output(target: Target, prompt: list[int], max_new_tokens: int, eos=()) -> list[int]:
     """Greedy autoregressive output, computed once per (model, prompt, length, eos) in a test session."""
-    key = (id(target.model), getattr(target, "mode", "eager"), tuple(prompt), max_new_tokens, tuple(eos))
+    key = (id(target.model), getattr(target, "mode", "eager"), getattr(target, "graphed", False), tuple(prompt),
+           max_new_tokens, tuple(eos))
     if key not in _AR_CACHE:
         rec = generate(
             target, Drafter(vocab_size=0), prompt, max_new_tokens=max_new_tokens, eos_token_ids=eos

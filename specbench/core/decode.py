@@ -364,5 +364,6 @@ def generate(
     """
     queue = [Request(list(prompt_ids), max_new_tokens, drafter, generator, planner)]
     ((_, record),) = decode_batch(target, lambda: queue.pop() if queue else None, batch_size=1,
-                                  sampling=sampling, eos_token_ids=eos_token_ids)
+                                  sampling=sampling, eos_token_ids=eos_token_ids,
+                                  limit=len(prompt_ids) + max_new_tokens)  # a block's tail: the cache's margin
     return record

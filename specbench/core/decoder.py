@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-NARROW = 8  # blocks up to this width attend with fused sums; wider ones with library products
+NARROW = 8  # on a CPU, blocks up to this width attend with fused sums; wider ones (and a GPU's) with products
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -49,11 +49,11 @@ def lay_out(w: torch.Tensor, pack: bool) -> tuple[torch.Tensor, torch.Tensor | N
 
 
 def product(x: torch.Tensor, weight: tuple, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ W.T (+ bias)`` for ``weight`` = (W, W packed or None). One row: a multiply-and-sum, which compiles to
-    one streaming pass over W (on a 2-core CPU faster than any library call for one row); several: oneDNN's
-    product on the packed weight (it lays nothing out per call), else ``F.linear``."""
+    """``x @ W.T (+ bias)`` for ``weight`` = (W, W packed or None). One row on a CPU: a multiply-and-sum, which
+    compiles to one streaming pass over W (on a 2-core CPU faster than any library call for one row); several:
+    oneDNN's product on the packed weight (it lays nothing out per call), else (a GPU) ``F.linear``."""
     plain, packed = weight
-    if x.shape[0] == 1:
+    if x.shape[0] == 1 and plain.device.type == "cpu":
         out = (x[:, None, :] * plain[None]).sum(-1)
     elif packed is not None:
         out = packed_linear(x, packed, plain.shape[0])
@@ -103,7 +103,7 @@ def attend(x, cos, sin, kv, where, visible, norm1, qkv, qkv_bias, o, norm2, gate
     kv[:, slot, :, where] = torch.stack([k, v]).view(2, kv_heads, n, w, dim).permute(2, 3, 0, 1, 4)
     keys, values = kv[0, :, :, :span], kv[1, :, :, :span]  # [n, kv heads, span, dim]
     rows = q.view(kv_heads, group, n, w, dim).permute(2, 0, 1, 3, 4).reshape(n, kv_heads, group * w, dim)
-    narrow = w <= NARROW  # a few rows: sums the compiler fuses; more: a library product
+    narrow = w <= NARROW and x.device.type == "cpu"  # a few rows: sums the compiler fuses; else a library product
     scores = (rows[:, :, :, None] * keys[:, :, None]).sum(-1) if narrow else rows @ keys.transpose(-1, -2)
     weights = torch.softmax((scores * scale + visible).float(), -1).to(x.dtype)
     attn = (weights[..., None] * values[:, :, None]).sum(-2) if narrow else weights @ values

@@ -28,26 +28,35 @@ modules, the way gpt-fast and serving engines do:
   for one row); blocks of several rows multiply with oneDNN's prepacked weights
   (:func:`~specbench.core.decoder.packed_linear`), as the eager forward does.
 
-What stays out: models other than Llama-shaped decoders (Llama, Mistral without a sliding window, Qwen2) are
-refused in one line, and so is a GPU: there the forward is to be captured as CUDA graphs per width, which is
-not built yet.
+**On a GPU, CUDA graphs** (:mod:`specbench.core.graphs`): each verification step (the embedding, every layer,
+the LM head over every padded row) is one graph per (rows, width, span bucket of
+:data:`~specbench.core.graphs.SPAN_STEP` entries), its inputs (tokens, positions, cache positions, the mask)
+copied into the graph's own buffers; the layers run as their own kernels, uncompiled. The graphs read the cache
+buffer's address, so a request's cache takes again the buffer of one that has ended (:meth:`new_cache`); what a
+caller keeps (the kept rows' logits, the features heads read) is copied out of the graph's outputs, which the
+next step overwrites. A prompt is prefilled without a graph.
 
-Compilation happens on a width's first use (Inductor caches its kernels on disk across runs);
-:meth:`CompiledTarget.warm` compiles every width ahead of a timed run, and :attr:`CompiledTarget.compile_s`
-says how long compiling took, reported apart from decoding.
+What stays out: models other than Llama-shaped decoders (Llama, Mistral without a sliding window, Qwen2), and
+models split over devices, are refused in one line.
+
+Compilation (capture) happens on a shape's first use (Inductor caches its kernels on disk across runs);
+:meth:`CompiledTarget.warm` compiles every width (captures every graph up to a length) ahead of a timed run, and
+:attr:`CompiledTarget.compile_s` says how long that took, reported apart from decoding.
 """
 
 from __future__ import annotations
 
 import time
 import types
+import weakref
 
 import torch
 import torch.nn.functional as F
 
-from specbench.core import decoder
+from specbench.core import decoder, graphs
 from specbench.core.forward import Target
-from specbench.core.kv import RowCache
+from specbench.core.graphs import SPAN_STEP, StepGraph, native, span_bucket
+from specbench.core.kv import RowCache, upload
 from specbench.errors import ConfigError
 
 FORWARD_MODES = ("eager", "compiled")
@@ -55,8 +64,7 @@ WIDTHS = (1, 2, 4, 8, 16, 32, 64, 128)  # the block widths compiled (more rows: 
 PIECE = WIDTHS[-1]  # prompts are prefilled in pieces of this many tokens
 GROUP = 6  # at most this many layers run in one compiled call (fewer calls; a longer first compilation)
 FAMILIES = ("llama", "mistral", "qwen2")  # decoders whose layers this forward reproduces
-GPU_NOT_YET = ("forward=compiled runs on a CPU so far (its GPU form, CUDA graphs per width, is not built yet): "
-               "use forward=eager on a GPU")
+ONE_DEVICE = "forward=compiled runs a model on one device: a sharded or offloaded model runs with forward=eager"
 
 
 class EngineError(ConfigError):
@@ -92,19 +100,18 @@ def supported(model: torch.nn.Module) -> str | None:
     if rope.get("rope_type", "default") not in ("default", "linear", "llama3"):
         return f"{hint} (its rotary scaling {rope.get('rope_type')} depends on the length)"
     if any(p.device.type == "meta" for p in model.parameters()) or len({p.device for p in model.parameters()}) > 1:
-        return "forward=compiled runs a model on one device: a sharded or offloaded model runs with forward=eager"
-    if any(p.device.type != "cpu" for p in model.parameters()):
-        return GPU_NOT_YET
+        return ONE_DEVICE
     return None
 
 
 class CompiledTarget(Target):
     """The target with ``forward=compiled``; ``backend``: torch.compile's (``inductor``; ``eager`` runs the
-    same static-shape path uncompiled, as the quick tests do)."""
+    same static-shape path uncompiled, as the quick tests do); ``graphs``: each step a CUDA graph
+    (:mod:`specbench.core.graphs`; None: on a GPU), the layers then left to their own kernels."""
 
     mode = "compiled"
 
-    def __init__(self, model: torch.nn.Module, backend: str = "inductor") -> None:
+    def __init__(self, model: torch.nn.Module, backend: str = "inductor", graphs: bool | None = None) -> None:
         why = supported(model)
         if why:
             raise EngineError(why)
@@ -122,12 +129,20 @@ class CompiledTarget(Target):
         self.final = (self.base.norm.weight.detach(), decoder.lay_out(self.lm_head.weight, pack))
         self.cos, self.sin = self._rotary(self.max_positions + PIECE)
         self.backend = backend
-        self.compile_s, self.compiled = 0.0, set()  # seconds spent compiling; the shapes compiled so far
+        self.compile_s, self.compiled = 0.0, set()  # seconds spent compiling (capturing); the shapes so far
         self.runs = groups(self.n_layers)
-        # dynamic=None with automatic dynamic shapes off: every size static but the span, marked dynamic
-        self._fns = {name: torch.compile(_own(fn), backend=backend, dynamic=None, fullgraph=True)
-                     for name, fn in (("layers", decoder.layers), ("head", decoder.head))}
-        _allow_recompiles()
+        self.graphed = self.device.type == "cuda" if graphs is None else graphs
+        self._graphs: dict[tuple, StepGraph] = {}  # (store address, lo, rows, width, span): its graph
+        self._free: dict[int, list[torch.Tensor]] = {}  # slots: cache buffers no live cache holds (graphs read them)
+        self._pool = None  # the memory pool every graph shares (on a CUDA device)
+        self._direct = False  # a prefill: the layers run without a graph
+        fns = (("layers", decoder.layers), ("head", decoder.head))
+        if self.graphed:  # a graph launches the step's kernels at once: no compiler needed to cut their cost
+            self._fns = dict(fns)
+        else:  # dynamic=None with automatic dynamic shapes off: every size static but the span, marked dynamic
+            self._fns = {name: torch.compile(_own(fn), backend=backend, dynamic=None, fullgraph=True)
+                         for name, fn in fns}
+            _allow_recompiles()
 
     def _layer_weights(self, layer, pack: bool) -> tuple:
         """A layer's weights as the compiled pieces take them: q/k/v fused in one matrix, gate and up in another."""
@@ -148,15 +163,23 @@ class CompiledTarget(Target):
 
     def new_cache(self, slots: int = 1, limit: int | None = None) -> RowCache:
         """A cache allocated once: ``limit`` entries a row (the model's context when unknown) plus the widest
-        block, zeroed, never regrown."""
+        block, zeroed, never regrown. With graphs, a buffer of an earlier cache that has ended is taken again
+        (the graphs captured on it read its address), when it is large enough."""
         room = min(limit or self.max_positions, self.max_positions) + PIECE
         cache = RowCache(slots, self.layer_devices, limit=room)
-        cache.allocate(self.kv_heads, self.head_dim, self.dtype, room)
+        free = self._free.setdefault(slots, [])
+        taken = next((i for i, store in enumerate(free) if store.shape[4] >= room), None) if self.graphed else None
+        if taken is None:
+            cache.allocate(self.kv_heads, self.head_dim, self.dtype, room)
+        else:
+            cache.adopt(free.pop(taken))
+        if self.graphed:  # the buffer (the cache's last, if it grew) returns to the free list when the cache ends
+            weakref.finalize(cache, _release, free, cache.stores, self.device)
         return cache
 
     def _call(self, name: str, *args):
         key = (name, *args[4].shape, len(args[3])) if name == "layers" else (name, args[0].shape[0])  # rows, width, run
-        if key in self.compiled:
+        if key in self.compiled or self.graphed:
             return self._fns[name](*args)
         start = time.perf_counter()
         out = self._fns[name](*args)
@@ -164,23 +187,37 @@ class CompiledTarget(Target):
         self.compiled.add(key)
         return out
 
-    def warm(self, rows: int = 1) -> float:
-        """Compile every width for 1 to ``rows`` rows before anything is timed; returns the seconds it took."""
+    def warm(self, rows: int = 1, limit: int = PIECE) -> float:
+        """Compile every width for 1 to ``rows`` rows before anything is timed (with graphs: capture each, at
+        every span bucket up to ``limit`` entries a row, on the buffer the requests will take again); returns
+        the seconds it took."""
         before = self.compile_s
         with torch.inference_mode():  # as decoding runs: its cache's tensors are inference tensors
-            cache = self.new_cache(rows, limit=PIECE)
+            cache = self.new_cache(rows, limit=limit)
+            spans = sorted({span_bucket(s, cache.capacity) for s in range(SPAN_STEP, cache.capacity + SPAN_STEP,
+                                                                           SPAN_STEP)}) if self.graphed else [0]
             for n in range(1, rows + 1):
                 for w in WIDTHS:
-                    ids = torch.zeros((n, w), dtype=torch.long, device=self.device)
-                    positions = torch.arange(w, device=self.device)[None].expand(n, w)
-                    self._forward(ids, positions, None, cache)
+                    for span in spans:
+                        cache.lengths[:n] = [max(0, span - w)] * n
+                        ids = torch.zeros((n, w), dtype=torch.long, device=self.device)
+                        positions = torch.arange(w, device=self.device)[None].expand(n, w)
+                        self._forward(ids, positions, None, cache)
         return self.compile_s - before
 
     # -- the forward ----------------------------------------------------------------------------------
 
     def prefill(self, prompt_ids: list[int], cache: RowCache, features: tuple[int, ...] = (),
                 slot: int = 0) -> torch.Tensor:
-        """:meth:`Target.prefill` in pieces of at most :data:`PIECE` tokens (each causal after the last)."""
+        """:meth:`Target.prefill` in pieces of at most :data:`PIECE` tokens (each causal after the last); with
+        graphs, the layers run without one (a prompt's shapes come once)."""
+        direct, self._direct = self._direct, True
+        try:
+            return self._prefill(prompt_ids, cache, features, slot)
+        finally:
+            self._direct = direct
+
+    def _prefill(self, prompt_ids: list[int], cache: RowCache, features: tuple[int, ...], slot: int) -> torch.Tensor:
         if len(prompt_ids) <= PIECE:
             return super().prefill(prompt_ids, cache, features, slot)
         states: dict[int, list[torch.Tensor]] = {}
@@ -214,32 +251,66 @@ class CompiledTarget(Target):
         cache.begin(lo, lo + n, w)
         if not cache.stores:
             cache.allocate(self.kv_heads, self.head_dim, self.dtype, cache.capacity)
+        graph = self.graphed and not self._direct
         span = max(2, int(past.max()) + w)  # never 1 nor the whole buffer: the compiler specializes on both
-        if span >= cache.capacity:
+        if span >= cache.capacity + graph:  # (a graph may read the whole buffer)
             cache.reserve(span + 1)
+        if graph:  # a graph per span bucket: the mask hides the entries past the span
+            span = span_bucket(span, cache.capacity)
+            cache.touch(span)
         visible = self._visible(mask, past, q, w, span)  # [n, 1, group × w, span], float
-        torch._dynamo.maybe_mark_dynamic(visible, 3)  # one graph for every span (guards as the compiler needs)
-        where = (past[:, None] + torch.arange(w)[None]).to(self.device)
-        x = self.embed[ids.reshape(-1)]
-        flat = positions.reshape(-1)
-        cos, sin = self.cos[flat], self.sin[flat]
+        where = upload(past[:, None] + torch.arange(w)[None], self.device)
         store = cache.stores[self.device]
-        outs = [x]  # outs[i]: the input of layer i (before its norm)
-        for run in self.runs:
-            kvs = [store[cache._where[i][1], :, lo : lo + n] for i in run]
+        index = self._kept(keep, n, q, w)
+        if graph:
+            logits, *outs = self._replay(store, lo, n, w, span, ids, positions, where, visible)
+            logits = logits.index_select(0, index)  # copies out of the graph's buffers, as the features below
+        else:
+            torch._dynamo.maybe_mark_dynamic(visible, 3)  # one graph for every span (guards as the compiler needs)
+            kvs = [store[cache._where[i][1], :, lo : lo + n] for i in range(self.n_layers)]
             for kv in kvs:  # any request's capacity: one graph
                 torch._dynamo.maybe_mark_dynamic(kv, 3)
-            outs += self._call("layers", x, cos, sin, kvs, where, visible, self.weights[run.start : run.stop],
-                               self.eps, self.heads, self.kv_heads, self.scale)
-            x = outs[-1]
+            outs = self._layers(ids, positions, where, visible, kvs)
+            rows = outs[-1].index_select(0, F.pad(index, (0, width(len(index)) - len(index))))
+            logits = self._call("head", rows, *self.final, self.eps)[: len(index)]
         self.features = {}
         for layer in features:
             at = layer % (self.n_layers + 1)
             h = outs[at].view(n, w, -1)[:, :q]
-            self.features[layer] = self.base.norm(h) if at == self.n_layers else h
-        index = self._kept(keep, n, q, w)
-        rows = x.index_select(0, F.pad(index, (0, width(len(index)) - len(index))))
-        return self._call("head", rows, *self.final, self.eps)[: len(index)]
+            self.features[layer] = self.base.norm(h) if at == self.n_layers else graphs.copy_out(h) if graph else h
+        return logits
+
+    def _layers(self, ids, positions, where, visible, kvs) -> list[torch.Tensor]:
+        """Every layer's input and the last one's output, for ``ids`` at ``positions`` (``[n, w]``), the keys and
+        values written into ``kvs`` (each layer's cache rows) at ``where``."""
+        x = self.embed[ids.reshape(-1)]
+        flat = positions.reshape(-1)
+        cos, sin = self.cos[flat], self.sin[flat]
+        outs = [x]  # outs[i]: the input of layer i (before its norm)
+        for run in self.runs:
+            outs += self._call("layers", x, cos, sin, kvs[run.start : run.stop], where, visible,
+                               self.weights[run.start : run.stop], self.eps, self.heads, self.kv_heads, self.scale)
+            x = outs[-1]
+        return outs
+
+    def _replay(self, store: torch.Tensor, lo: int, n: int, w: int, span: int, *inputs) -> tuple:
+        """The step as a graph (captured on its first use): the logits of all ``n × w`` rows, then every
+        layer's input and the last one's output, all in the graph's own buffers."""
+        key = (store.data_ptr(), lo, n, w, span)
+        graph = self._graphs.get(key)
+        if graph is None:
+            kvs = [store[i, :, lo : lo + n] for i in range(self.n_layers)]  # fixed addresses, read by the graph
+
+            def step(ids, positions, where, visible):
+                outs = self._layers(ids, positions, where, visible, kvs)
+                return (self._fns["head"](outs[-1], *self.final, self.eps), *outs)
+
+            if self._pool is None and native(store):
+                self._pool = torch.cuda.graph_pool_handle()
+            graph = self._graphs[key] = StepGraph(step, tuple(t.clone() for t in inputs), self._pool)
+            self.compile_s += graph.seconds
+            self.compiled.add(key)
+        return graph(*inputs)
 
     def _visible(self, mask, past: torch.Tensor, q: int, w: int, span: int) -> torch.Tensor:
         """The float mask at the padded width: ``mask`` ([n or 1, 1, q, max(past) + q], or None: causal after
@@ -248,7 +319,7 @@ class CompiledTarget(Target):
         n = len(past)
         neg = torch.finfo(self.dtype).min
         col = torch.arange(span, device=self.device)
-        lengths = past.to(self.device)
+        lengths = upload(past, self.device)
         if mask is None:  # each row sees what its slot holds and its own block causally
             seen = col[None, None, :] <= lengths[:, None, None] + torch.arange(w, device=self.device)[None, :, None]
             full = torch.zeros((n, w, span), dtype=self.dtype, device=self.device).masked_fill_(~seen, neg)
@@ -282,15 +353,25 @@ def make_target(model: torch.nn.Module, mode: str = "eager", backend: str = "ind
     return forward.Target(model) if mode == "eager" else CompiledTarget(model, backend=backend)
 
 
-def announce(target: Target, rows: int = 1) -> str:
+def announce(target: Target, rows: int = 1, limit: int = PIECE) -> str:
     """The run's line on its forward mode; a compiled target compiles every width first (for up to ``rows``
-    rows), so that no timing holds a compilation, and says what that took."""
+    rows; with graphs, captures them at every span up to ``limit``), so that no timing holds a compilation,
+    and says what that took."""
     if not isinstance(target, CompiledTarget):
         return ("forward=eager: transformers' modules as they are, the papers' setting (forward=compiled: static "
                 "shapes, compiled, as serving engines run)")
-    seconds = target.warm(rows)
+    seconds = target.warm(rows, limit)
+    if target.graphed:
+        return (f"forward=compiled: {len(target.compiled)} CUDA graphs captured in {seconds:.1f} s (not part of "
+                "any timing)")
     return (f"forward=compiled: {len(target.compiled)} shapes compiled in {seconds:.1f} s (not part of any timing; "
             "Inductor keeps its kernels for later runs)")
+
+
+def _release(free: list, stores: dict, device: torch.device) -> None:
+    """An ended cache's buffer back on its target's free list."""
+    if device in stores:
+        free.append(stores[device])
 
 
 def _own(fn):

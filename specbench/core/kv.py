@@ -24,6 +24,8 @@ runs on a contiguous range of slots.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
@@ -35,7 +37,8 @@ class _RowLayer(CacheLayerMixin):
     is_croppable = False
 
     def __init__(self, cache: RowCache, index: int) -> None:  # no super().__init__: keys/values are views
-        self.cache, self.index, self.is_initialized = cache, index, True
+        # a weak reference: no cycle, so a cache ends (and its buffer is free again) as its last user drops it
+        self.cache, self.index, self.is_initialized = weakref.proxy(cache), index, True
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         pass
@@ -107,7 +110,12 @@ class RowCache(Cache):
         self._offsets = None if len(set(lengths)) == 1 else lengths
         span = max(lengths) + block
         self.reserve(span)
-        if span > self.touched:  # what this forward reads for the first time: zeroed in every row, 256 at once
+        self.touch(span)
+
+    def touch(self, span: int) -> None:
+        """Entries up to ``span`` finite in every row: what a forward reads for the first time is zeroed,
+        256 entries at once."""
+        if span > self.touched:
             reach = min(self.capacity, max(span, self.touched + 256))
             for store in self.stores.values():
                 store[..., self.touched : reach, :].zero_()
@@ -176,6 +184,14 @@ class RowCache(Cache):
             self.stores[device] = torch.empty((count, 2, self.slots, heads, capacity, dim), dtype=dtype,
                                               device=device)
         self.capacity, self.touched, self.limit = capacity, 0, capacity
+
+    def adopt(self, store: torch.Tensor) -> None:
+        """An earlier cache's buffer (one device, the same slots) as this cache's own: its address kept, its
+        entries zeroed again as forwards first read them."""
+        (device,) = self._count
+        self.stores = {device: store}
+        self.capacity = self.limit = store.shape[4]
+        self.touched = 0
 
     def _allocate(self, device: torch.device, keys: torch.Tensor) -> torch.Tensor:
         _, heads, _, dim = keys.shape

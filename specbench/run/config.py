@@ -278,13 +278,13 @@ def validate(cfg: DictConfig) -> dict[str, Any]:
 def _check_forward(cfg: DictConfig) -> None:
     """``forward``: a known mode; ``compiled`` only for model families it reproduces, where the preset says
     which (a random model's ``tiny.model_type``; a checkpoint's family is read when it loads, before timing)."""
-    from specbench.core.engine import FAMILIES, FORWARD_MODES, GPU_NOT_YET
+    from specbench.core.engine import FAMILIES, FORWARD_MODES, ONE_DEVICE
 
     mode = cfg.get("forward") or "eager"
     if mode not in FORWARD_MODES:
         raise UnknownNameError(suggest("forward mode", str(mode), list(FORWARD_MODES)))
-    if mode == "compiled" and str(cfg.hardware.get("device")) == "cuda":
-        raise ConfigError(GPU_NOT_YET)
+    if mode == "compiled" and (cfg.hardware.get("device_map") or (cfg.hardware.get("num_gpus") or 1) > 1):
+        raise ConfigError(ONE_DEVICE)
     kind = (cfg.model.get("tiny") or {}).get("model_type") if mode == "compiled" else None
     if kind and kind not in FAMILIES:
         raise ConfigError(f"forward=compiled runs Llama-shaped decoders ({', '.join(FAMILIES)}); model "

@@ -2,23 +2,20 @@
 weights, no internet. Correctness runs on a few layers of full width, speed on all 32. Each check returns rows
 ``(check, model, dtype, ok, detail)``:
 
-- ``tree``: a multi-branch draft's logits against each branch run alone, in fp32, fp16 and bf16, after a short
-  prompt and after a 2k-token context;
+- ``tree``: a multi-branch draft's logits against each branch alone (fp32, fp16, bf16; short and 2k contexts);
 - ``compaction``: the cache after keeping an accepted path against a fresh prefill of that path (both contexts);
 - ``lossless``: every method's greedy output equals autoregressive decoding (fp32), after the short prompts and
   (the tree and head methods) after the 2k-token context;
 - ``fixed point``: in fp16/bf16 (whose kernels differ with the block's shape) every output token is the
   argmax of a teacher-forced forward over the output, to within the baseline's own margin;
-- ``device_map``: the same weights loaded straight onto one GPU and through ``device_map=auto`` on it
-  give identical outputs;
+- ``device_map``: the same weights straight onto one GPU and through ``device_map=auto`` give identical outputs;
 - sampling at T = 1, ``budget=auto``, a model split between cuda:0 and the CPU, and the 70B placement plan:
   :mod:`specbench.run.gpu_scenarios`.
 
-:mod:`specbench.run.gpu_speed` measures the cost curve and the per-method speed table. Every function takes
-the device, so the same code runs on the CPU with tiny shapes (``tiny=True``) in the test suite.
-``python -m specbench.gpu_check`` (:mod:`specbench.cli.gpu_check`) prints the table.
+:mod:`specbench.run.gpu_speed` measures the cost curve and the speed table, :mod:`specbench.run.gpu_forward`
+``forward=compiled``'s CUDA graphs. Every function takes the device, so the same code runs on the CPU with tiny
+shapes (``tiny=True``) in the test suite; ``python -m specbench.gpu_check`` prints the table.
 """
-
 from __future__ import annotations
 
 import gc
@@ -36,6 +33,7 @@ from specbench.core.decode import generate
 from specbench.core.draft import Draft, Drafter
 from specbench.core.forward import Target
 from specbench.run import gpu_stages
+from specbench.run.gpu_forward import run_forward
 from specbench.run.gpu_models import (
     DTYPES,
     SHAPES,
@@ -271,9 +269,8 @@ def correctness(target: Target, dtype: str, model_name: str, texts: list[list[in
         rows += guard("budget=auto",
                       lambda: check_budget_auto(target, dtype, model_name, texts, new_tokens, work / "auto", expected,
                                                 only=only, heads=heads))
-        rows += guard("batch of 2",
-                      lambda: check_batch(target, dtype, model_name, texts, new_tokens, work / "batch", expected,
-                                          only=only, heads=heads))
+        rows += guard("batch of 2", lambda: check_batch(target, dtype, model_name, texts, new_tokens, work / "batch",
+                                                        expected, only=only, heads=heads))
     return rows
 
 
@@ -313,6 +310,9 @@ def run_stage(stage: Stage, device: str, work: Path, heads: Path, *, tiny: bool 
                 progress(f"stage {stage.name}: device_map")
                 stage.rows += guarded("device_map", stage.model, stage.kind, lambda: check_device_map(
                     model, stage.kind, stage.model, texts[:1], new_tokens, work, device, heads=heads), stage.timings)
+        elif stage.kind == "forward":  # forward=compiled: CUDA graphs against eager (specbench.run.gpu_forward)
+            stage.rows += run_forward(stage, shapes[stage.model], device, work, heads, layers, speed_layers, new_tokens,
+                                      long_context, only, lambda c, fn: guarded(c, stage.model, "fp32", fn, stage.timings))
         else:
             run_speed(stage, shapes[stage.model], device, work, heads, speed_layers, speed_tokens, tiny, only, profiles)
     except Exception as err:  # noqa: BLE001 - building the model, say: the stage's failed row

@@ -15,7 +15,7 @@ from typing import Any
 ROUNDS = 3  # the speed table's rounds of one prompt each (specbench.run.gpu_speed)
 
 Row = tuple[str, str, str, bool, str]
-KINDS = ("fp32", "fp16", "bf16", "speed")
+KINDS = ("fp32", "fp16", "bf16", "speed", "forward")
 
 # Seconds per stage measured on one H100 80GB HBM3 (driver 580.159.04, torch 2.11) and the new tokens per prompt
 # they decoded: the Llama-2-7B shape's correctness stages at 32 (2026-11-27, a2116bb), the Llama-3-8B shape's at
@@ -27,14 +27,19 @@ H100_SECONDS = {"plan": 1.0, "sdpa": 7.0, "llama2-7b-fp32": 74.0, "llama2-7b-fp1
 H100_TOKENS = {"llama2-7b-fp32": 32, "llama2-7b-fp16": 32, "llama2-7b-bf16": 32, "llama2-7b-speed": 3 * 24 + 2 * 12,
                "llama3-8b-fp32": 16, "llama3-8b-fp16": 16, "llama3-8b-bf16": 16, "llama3-8b-speed": 3 * 24 + 2 * 12}
 FIXED = {"fp16": 39.0, "speed": 40.0}
+# The forward stage (forward=compiled's CUDA graphs against eager) has not run on a GPU yet: its seconds are an
+# estimate from the stages above (the fp32 stage's lossless part, one timed curve, two profiled decodes), to be
+# replaced by a measurement.
+FORWARD_GUESS = 150.0
 
 
 @dataclass
 class Stage:
     """One part of the check that runs and is written on its own: ``plan`` (the 70B placement, on ``meta``),
     ``sdpa`` (the tree mask under each attention backend), ``<model>-<dtype>`` (correctness in fp32, fp16 or
-    bf16) or ``<model>-speed`` (the cost curve, the speed table, host syncs per step against each method's
-    ceiling). ``timings``: seconds per check; ``profiles``: torch.profiler's tables per method (speed)."""
+    bf16), ``<model>-speed`` (the cost curve, the speed table, host syncs per step against each method's
+    ceiling) or ``<model>-forward`` (``forward=compiled``'s CUDA graphs against eager:
+    :mod:`specbench.run.gpu_forward`). ``timings``: seconds per check; ``profiles``: torch.profiler's tables per method (speed)."""
 
     model: str
     kind: str
@@ -59,7 +64,7 @@ def plan_stages(shapes: list[str], dtypes: tuple[str, ...] | None = None,
     """The stages in the order they run, those ``stages`` selects (a stage's name, a model's or a kind's: ``plan``,
     ``llama3-8b``, ``fp16``, ``speed`` …), or every one; an unknown selector is refused in one line."""
     every = [Stage("", "plan"), Stage("", "sdpa")]
-    every += [Stage(m, k) for k in KINDS if k == "speed" or dtypes is None or k in dtypes for m in shapes]
+    every += [Stage(m, k) for k in KINDS if k in ("speed", "forward") or dtypes is None or k in dtypes for m in shapes]
     if not stages:
         return every
     for sel in stages:
@@ -74,6 +79,8 @@ def estimate(stage: Stage, tokens: int, speed_tokens: int, sync_tokens: int) -> 
     (:data:`H100_SECONDS`) scaled by the tokens it decodes beyond its fixed part."""
     if stage.kind in ("plan", "sdpa"):
         return H100_SECONDS[stage.kind]
+    if stage.kind == "forward":
+        return FORWARD_GUESS * tokens / 32
     base, fixed = H100_SECONDS[stage.name], FIXED.get(stage.kind, 0.0)
     used = ROUNDS * speed_tokens + 2 * sync_tokens if stage.kind == "speed" else tokens
     return fixed + (base - fixed) * used / H100_TOKENS[stage.name]

@@ -92,8 +92,7 @@ def execute(job: Job) -> Any:
         m.close()  # peer engines' servers: never left running
     bar.close()
     if writer.found_from_others:
-        print(f"{writer.found_from_others} generations were recorded by another job of this run and skipped",
-              file=sys.stderr)
+        print(f"{writer.found_from_others} generations recorded by another job of this run: skipped", file=sys.stderr)
 
     rows = load_results([job.folder, *writer.legacy_files])
     summary = summarize(rows, baseline_method=BASELINE)
@@ -110,7 +109,8 @@ class Measurement:
     def __init__(self, job: Job, loaded: Any, writer: ResultWriter, prompts: dict[str, list[int]]) -> None:
         self.job, self.loaded, self.writer, self.prompts = job, loaded, writer, prompts
         self.target = make_target(loaded.model, getattr(loaded, "forward", "eager"))
-        print(announce(self.target, job.batch_size), file=sys.stderr)  # compiled before any timing, said apart
+        longest = min(loaded.context_length, 2 * (max(map(len, prompts.values()), default=0) + job.max_new_tokens))
+        print(announce(self.target, job.batch_size, longest), file=sys.stderr)  # compiled (up to a 2nd turn) untimed
         self.cost = None
         if job.auto or any(get_method(name).needs_reference for name in job.methods):
             from specbench.machine.costs import load_or_measure

@@ -7,7 +7,9 @@ methods that need a store, a trained head or a model of their own) through
 * the sampling check: the first tokens' joint distribution against the target's exact one (chi-square);
 * both again with ``forward=compiled`` (:class:`specbench.core.engine.CompiledTarget`, its static-shape path
   with torch.compile's ``eager`` backend): greedy at batch 1 and, for the methods that batch, at batch 4; the
-  sampling check for the methods that verify through the real model.
+  sampling check for the methods that verify through the real model;
+* the greedy checks once more with each step a graph as on a GPU (rehearsed on the CPU), its outputs poisoned
+  after every step.
 
 A method missing from the lists below that cannot run on its defaults fails here, naming itself.
 """
@@ -85,6 +87,23 @@ def compiled(target):
     return CompiledTarget(target.model, backend="eager")
 
 
+class Poisoned(CompiledTarget):
+    """``forward=compiled`` as a GPU runs it, each step a graph (rehearsed here), every graph's outputs filled
+    with NaN after each step, as the next replay would overwrite them: a method that kept a graph's buffer
+    decodes differently."""
+
+    def _forward(self, *args, **kwargs):
+        out = super()._forward(*args, **kwargs)
+        for graph in self._graphs.values():
+            graph.poison()
+        return out
+
+
+@pytest.fixture(scope="module")
+def graphed(target):
+    return Poisoned(target.model, backend="eager", graphs=True)
+
+
 def _head(tmp_path, name: str, params: dict, hidden: int, greedy: bool) -> str:
     config = build_method_config(name, params)
     torch.manual_seed(0)
@@ -136,15 +155,19 @@ def test_the_lists_name_registered_methods():
         assert group <= set(shipped_methods())
 
 
-@pytest.mark.parametrize("forward", ["eager", "compiled"])
+@pytest.mark.parametrize("forward", ["eager", "compiled", "graphed"])
 @pytest.mark.parametrize("name", shipped_methods())
-def test_greedy_output_is_autoregressive(name, forward, store, target, compiled, tmp_path):
-    on = target if forward == "eager" else compiled
+def test_greedy_output_is_autoregressive(name, forward, store, target, compiled, graphed, tmp_path):
+    on = {"eager": target, "compiled": compiled, "graphed": graphed}[forward]
     proposed: list[int] = []
     make = counting_proposals(_maker(name, store, on, tmp_path, SamplingParams()), proposed)
-    assert_greedy_lossless(on, make, GREEDY_PROMPTS, 24)
+    records = assert_greedy_lossless(on, make, GREEDY_PROMPTS, 24)
     if name not in NEVER_DRAFTS:
         assert sum(proposed) > 0, f"{name} proposed nothing: the check saw no draft"
+    if forward == "graphed":  # poisoned outputs would spoil drafts, not outputs: the steps are the compiled ones
+        unpoisoned = assert_greedy_lossless(compiled, _maker(name, store, compiled, tmp_path, SamplingParams()),
+                                            GREEDY_PROMPTS, 24)
+        assert [r.step_tokens for r in records] == [r.step_tokens for r in unpoisoned]
 
 
 @pytest.mark.parametrize("name", shipped_methods())
@@ -164,8 +187,11 @@ def test_sampling_keeps_the_target_distribution(name, store, target, tmp_path):
 BATCH_PROMPTS = [*GREEDY_PROMPTS, [2, 3, 4, 2, 3], [7, 1, 7, 1, 7, 1, 6], [4, 4, 5, 4, 4]]
 
 
+@pytest.mark.parametrize("forward", ["compiled", "graphed"])
 @pytest.mark.parametrize("name", [n for n in shipped_methods() if get_method(n).batchable])
-def test_a_compiled_batch_of_4_gives_each_request_its_autoregressive_output(name, store, compiled, tmp_path):
+def test_a_compiled_batch_of_4_gives_each_request_its_autoregressive_output(name, forward, store, compiled, graphed,
+                                                                            tmp_path):
+    compiled = graphed if forward == "graphed" else compiled
     first = _maker(name, store, compiled, tmp_path, SamplingParams())()  # a batch's drafters: its spawns
     queue = [Request(prompt_ids=p, max_new_tokens=16, drafter=first.spawn(), tag=i) for i, p in enumerate(BATCH_PROMPTS)]
     queue.reverse()

@@ -45,7 +45,7 @@ def test_eager_hashes_as_before_the_setting_existed():
 @pytest.mark.parametrize(("overrides", "error", "says"), [
     (["forward=compild"], UnknownNameError, "did you mean 'compiled'"),
     (["forward=compiled", "model=tiny-gemma3"], ConfigError, "use forward=eager"),
-    (["forward=compiled", "hardware.device=cuda"], ConfigError, "use forward=eager on a GPU"),
+    (["forward=compiled", "hardware.device=cuda", "hardware.device_map=auto"], ConfigError, "runs a model on one device"),
 ])
 def test_a_mode_that_cannot_run_is_refused_before_the_model_loads(overrides, error, says, monkeypatch):
     def never(*args, **kwargs):

@@ -196,7 +196,8 @@ def test_every_check_passes_on_a_simulated_gpu():
     assert not failed, failed
     names = {r[0] for r in result["checks"]}
     assert {"device_map", "cuda:0 + CPU split", "sampling T = 1", "budget=auto", "batch of 2",
-            "lossless, 64 context", "host syncs, greedy", "host syncs, T = 1", "sdpa math", "70B plan (meta)"} <= names
+            "lossless, 64 context", "host syncs, greedy", "host syncs, T = 1", "sdpa math", "70B plan (meta)",
+            "graphs: logits", "graphs: lossless", "graphs: t(q) at 128", "graphs: t(q) at 64", "graphs: per step"} <= names
     syncs = [r for r in result["checks"] if r[0].startswith("host syncs")]
     assert all(f"{len(SIM_METHODS) + 1} methods" in r[4] for r in syncs), syncs  # every method counted, both ways
     assert all(r["syncs"] >= 1 for r in result["speed"])  # counted from the sync debug mode's warnings
@@ -268,7 +269,7 @@ def test_stages_run_kind_by_kind_over_both_shapes_and_a_deadline_skips_what_woul
     from specbench.run import gpu_stages
 
     order = [st.name for st in gpu_check.plan_stages(tiny=True)]
-    assert order[:4] == ["plan", "sdpa", "llama2-7b-fp32", "llama3-8b-fp32"] and order[-1] == "llama3-8b-speed"
+    assert order[:4] == ["plan", "sdpa", "llama2-7b-fp32", "llama3-8b-fp32"] and order[-1] == "llama3-8b-forward"
     monkeypatch.setitem(gpu_stages.H100_SECONDS, "llama3-8b-fp16", 1e9)  # fp16 would never end in time
     cli.main(["--device", "cpu", "--tiny", "--layers", "2", "--tokens", "4", "--long-context", "64",
               "--models", "llama3-8b", "--methods", "pld", "--stages", "fp32", "fp16", "bf16",
@@ -303,3 +304,28 @@ def test_the_speed_stage_profiles_the_methods_it_is_asked_to(tmp_path, capsys):
               "--methods", "pld", "--stages", "llama3-8b-speed", "--profile", "pld", "--out", str(tmp_path)])
     table = (tmp_path / "profile-llama3-8b-pld.txt").read_text()
     assert table.startswith("pld: ") and "aten::" in table and "Self CPU" in table
+
+
+def test_the_forward_stage_checks_graphs_against_eager_and_catches_a_graph_that_reads_stale_inputs(tmp_path,
+                                                                                                  monkeypatch):
+    """``<model>-forward`` (forward=compiled's CUDA graphs, rehearsed on the CPU): the logits and every method's
+    output equal eager decoding's, and the step times and per-step counts are reported; a graph whose inputs are
+    never refreshed (it replays the step it was captured on) fails the logits and lossless rows."""
+    from specbench.core.graphs import StepGraph
+    from specbench.run.gpu_stages import Stage
+
+    def run():
+        stage = gpu_check.run_stage(Stage("llama3-8b", "forward"), "cpu", tmp_path / "work", tmp_path / "heads",
+                                    tiny=True, layers=2, speed_layers=2, new_tokens=8, long_context=160,
+                                    methods=("pld", "eagle3"))
+        return {r[0]: r for r in stage.rows}
+
+    rows = run()
+    assert set(rows) == {"graphs: logits", "graphs: lossless", "graphs: t(q) at 128", "graphs: t(q) at 160",
+                         "graphs: per step"}
+    assert all(r[3] for r in rows.values()), rows
+    assert "q=128" in rows["graphs: t(q) at 160"][4] and "eagle3:" in rows["graphs: per step"][4]
+    call = StepGraph.__call__
+    monkeypatch.setattr(StepGraph, "__call__", lambda self, *values: call(self, *self.inputs))  # stale inputs
+    rows = run()
+    assert not rows["graphs: logits"][3] and not rows["graphs: lossless"][3], rows
