@@ -57,6 +57,41 @@ def test_every_setting_has_a_line_in_the_settings_page():
     assert undocumented(page + "| `model.name=` |", ["new_key"], "model.") == ["model.new_key"]  # the check bites
 
 
+def test_every_preset_of_every_group_is_named_in_the_settings_page():
+    """Each file of conf/<group>/ is a choice a reader can make, so settings.md names it in backticks (an
+    experiment's ``_smoke`` twin through the page's `<name>_smoke`); a preset added without its name fails here."""
+    page = (ROOT / "docs" / "settings.md").read_text()
+    assert unnamed_presets(page) == []
+    assert unnamed_presets(page.replace("`vicuna-33b`", "vicuna-33b")) == ["model=vicuna-33b"]  # the check bites
+
+
+def unnamed_presets(page: str) -> list[str]:
+    from specbench.paths import conf_choices
+
+    named = set(re.findall(r"`([^`=<>|]+)`", page))
+    smoke = "`<name>_smoke`" in page
+    return [f"{group}={c}" for group in ("model", "method", "dataset", "hardware", "experiment", "variant", "ablation",
+                                         "placement")
+            for c in conf_choices(group) if c not in named and not (smoke and c.removesuffix("_smoke") in named)]
+
+
 def undocumented(page: str, keys, prefix: str = "model.") -> list[str]:
     """The keys that no `` `<prefix><key>=`` or ``, `<prefix><key>=`` names in ``page``'s table."""
     return [prefix + k for k in keys if not re.search(rf"`{re.escape(prefix + k)}(=|`)", page)]
+
+
+def test_the_method_lists_agree_with_the_registry():
+    """README's methods table, the settings page and the methods page each name every registered method (as a
+    preset in backticks), and name no method the registry lacks."""
+    from methods.registry import method_names
+    from specbench.paths import conf_choices
+
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("## Methods") : readme.index("## Against llama.cpp")]
+    presets = set(conf_choices("method"))
+    for name, text in (("README's methods table", table), ("settings.md", (ROOT / "docs" / "settings.md").read_text()),
+                       ("methods.md", (ROOT / "docs" / "methods.md").read_text())):
+        named = set(re.findall(r"`([a-z0-9_.]+(?:-[a-z0-9_.]+)*)`", text))
+        assert set(method_names()) <= named, f"{name} lacks {sorted(set(method_names()) - named)}"
+        stale = {n for n in named if n.split("-")[0] in method_names() and n not in presets and n.endswith("-cpu")}
+        assert not stale, f"{name} names presets that do not exist: {sorted(stale)}"

@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from specbench.core.engine import FORWARD_MODES
 from specbench.errors import ModelLoadError, UnknownNameError, suggest
 from specbench.models.cuda_setup import no_cuda_reason, warn_if_gpu_unused
+from specbench.models.own import resolve_model
 from specbench.paths import CONF_DIR, conf_choices
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -32,8 +33,9 @@ def _plain(cfg) -> dict:
 
 
 def model_config_check(model_cfg, hardware_cfg=None) -> None:
-    """Validate a model config (and optionally a hardware config) without loading anything."""
-    cfg = _plain(model_cfg)
+    """Validate a model config (and optionally a hardware config) without loading anything (``auto`` fields read
+    from the checkpoint's small files first: :mod:`specbench.models.own`)."""
+    cfg = resolve_model(_plain(model_cfg), str(_plain(hardware_cfg).get("device") or "cpu"))
     name = cfg.get("name")
     if not name:
         raise ModelLoadError("model config has no 'name'")

@@ -12,6 +12,7 @@ import transformers
 from specbench.core.attention import fold_gqa
 from specbench.errors import ModelLoadError
 from specbench.models.config import DTYPES, _hardware, _memory_check, _plain, model_config_check
+from specbench.models.own import resolve_model
 from specbench.models.packed import pack_linears, wants_packed
 from specbench.models.placement import check_placed, draft_hardware, placement_kwargs
 from specbench.models.shards import share_layer_inputs
@@ -51,7 +52,7 @@ def load_tokenizer(model_cfg) -> transformers.PreTrainedTokenizerBase:
     """The model's tokenizer alone (for building datastores): no weights are loaded, except that a GGUF
     file is converted once (as :func:`load_model` would) when no converted copy exists yet."""
     model_config_check(model_cfg)
-    cfg = _plain(model_cfg)
+    cfg = resolve_model(_plain(model_cfg))
     if cfg.get("tiny"):
         return build_tiny_tokenizer(int(cfg["tiny"].get("vocab_size", 128)))
     src, kw, _ = _weights_source(cfg)
@@ -74,8 +75,9 @@ def load_model(model_cfg, hardware_cfg=None) -> LoadedModel:
     ``LoadedModel.source`` says where the weights came from: tiny, path, hub, gguf (converted
     just now) or converted (read from the cache of an earlier conversion).
     """
-    model_config_check(model_cfg)
-    cfg, hw = _plain(model_cfg), _hardware(hardware_cfg)
+    hw = _hardware(hardware_cfg)
+    cfg = resolve_model(_plain(model_cfg), hw["device"])  # model=hf: its auto fields read from the checkpoint
+    model_config_check(cfg)
     name, dtype_name, attn = cfg["name"], cfg.get("dtype", "float32"), hw["attn_implementation"]
     threads = hw["num_threads"] or allocated_cpus()
     if threads:

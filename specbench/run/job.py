@@ -24,6 +24,7 @@ from specbench import data as datasets_
 from specbench.core.acceptance import SamplingParams
 from specbench.errors import ConfigError, suggest
 from specbench.models import check_weights, resolve_hardware
+from specbench.models.own import resolve_model
 from specbench.paths import CONF_DIR, conf_choices
 from specbench.provenance import config_hash
 from specbench.results.metrics import BASELINE
@@ -156,6 +157,7 @@ def plan(cfg: DictConfig) -> Job:
     cfg = cfg.copy()
     with open_dict(cfg):
         cfg.hardware = resolve_hardware(cfg.hardware)
+        cfg.model = resolve_model(OmegaConf.to_container(cfg.model, resolve=True), str(cfg.hardware.device))
         cfg.hardware.forward = str(cfg.get("forward") or "eager")  # the loader and the rows read it there
         store_choice = resolve_auto_store(cfg)  # datastore: auto -> the store read (hashed as such)
     checked = validate(cfg)

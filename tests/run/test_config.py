@@ -32,7 +32,11 @@ def test_every_group_choice_composes_and_validates(group, choice):
     if group == "method":  # a method may have several presets (lookahead, lookahead-readme)
         assert cfg.method.name in method_names()
     elif group != "hardware":
-        assert cfg[group].name == choice
+        assert cfg[group].name == ("auto" if choice == "hf" else choice)  # model=hf: named after its checkpoint
+    if choice == "hf":  # one's own checkpoint: nothing to validate until model.path or model.hub_id is set
+        with pytest.raises(ValueError, match="model=hf needs the checkpoint"):
+            validate(cfg)
+        return
     if cfg.hardware.device == "cuda" and not torch.cuda.is_available():
         with pytest.raises(ValueError, match="torch sees no CUDA device"):
             validate(cfg)
