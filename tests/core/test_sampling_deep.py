@@ -42,17 +42,20 @@ def test_prompt_lookup_deep():
     )
 
 
+@pytest.mark.slow  # a real model: make test-slow (make test keeps the smaller checks)
 def test_suffix_decoding_deep():
     shared = SuffixDecoding(SuffixConfig(max_spec_factor=4.0), vocab_size=SMALL_VOCAB)  # learns across trials
     assert_sampling_preserves_distribution(lambda: shared, T1, prompt=REPEATS, trials=3000, **DEEP)
 
 
+@pytest.mark.slow  # a real model: make test-slow (make test keeps the smaller checks)
 def test_token_recycling_deep():
     shared = TokenRecycling(TokenRecyclingConfig(tree="cpu"), vocab_size=SMALL_VOCAB)  # warms up over the trials
     assert_sampling_preserves_distribution(lambda: shared, SamplingParams(temperature=1.0, top_p=0.9),
                                            trials=3000, **DEEP)
 
 
+@pytest.mark.slow  # a real model: make test-slow (make test keeps the smaller checks)
 def test_spectra_core_deep():
     seeds = itertools.count()
     cfg = SpectraCoreConfig(ngram_size=4, pool_size=3, max_guesses=3, context_ngrams=True)
@@ -71,6 +74,7 @@ def _draft_context(params):
 MODEL_DEEP = dict(extra=5, min_depth=3, length=2, trials=1000)
 
 
+@pytest.mark.slow  # a real model: make test-slow (make test keeps the smaller checks)
 def test_speculative_sampling_deep():
     """A draft model's chain of 4: q rows at depth ≥ 2 and the draft cache cropped after a rejection."""
     ctx = _draft_context(T1)

@@ -605,6 +605,7 @@ def test_eagle3_is_greedy_lossless_on_the_tiny_gemma(tiny_gemma3, tmp_path):
 
 @pytest.mark.parametrize("kind", ["eagle", pytest.param("eagle3", marks=pytest.mark.slow),
                                   pytest.param("medusa", marks=pytest.mark.slow)])
+@pytest.mark.slow  # a real model: make test-slow (make test keeps the smaller checks)
 def test_each_head_method_is_greedy_lossless_on_smollm2(kind, smollm2, tmp_path):
     """SmolLM2 in fp32 (its layers prepacked): an untrained head of each kind, in its published layout,
     drafts trees that verification cuts back to the target's own output."""

@@ -263,6 +263,7 @@ def _smol_lossless(smollm2, cfg: LookaheadConfig, max_new_tokens: int) -> list:
     )
 
 
+@pytest.mark.slow  # a real model: make test-slow (make test keeps the smaller checks)
 def test_greedy_lossless_smollm2_cpu_budget(smollm2):
     recs = _smol_lossless(smollm2, LookaheadConfig(window=5, ngram=3, guesses=5), 32)
     assert sum(r.drafted_by_source[SOURCE_POOL] for r in recs) > 0

@@ -28,7 +28,8 @@ def smol_store(smollm2, tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("method", [pytest.param("rest", marks=pytest.mark.slow), "spectra_retrieval"])
+@pytest.mark.slow  # a real model over a real store: make test-slow (the contract runs both on a tiny model)
+@pytest.mark.parametrize("method", ["rest", "spectra_retrieval"])
 def test_greedy_lossless_on_smollm2(smollm2, smol_store, method):
     make = {
         "rest": lambda: REST(RESTConfig(datastore=str(smol_store)), vocab_size=smollm2.vocab_size,

@@ -196,9 +196,11 @@ def decode(case, lm, sampling, store, heads, sim=None, tokens=TOKENS, extra_read
     return rec, watch
 
 
-# make test: greedy on 1, 2 and 4 GPUs, sampling on 2; make test-slow adds sampling on 1 and 4.
-PLACEMENTS = [(0.0, 1), (0.0, 2), (0.0, 4), (1.0, 2),
-              pytest.param(1.0, 1, marks=pytest.mark.slow), pytest.param(1.0, 4, marks=pytest.mark.slow)]
+# make test: greedy and sampling on 2 GPUs (the model split, the hardest placement; one GPU is checked by the
+# ceiling tests below and by gpu-check on a simulated GPU); make test-slow adds both on 1 and 4.
+SLOW = pytest.mark.slow
+PLACEMENTS = [(0.0, 2), (1.0, 2), pytest.param(0.0, 1, marks=SLOW), pytest.param(0.0, 4, marks=SLOW),
+              pytest.param(1.0, 1, marks=SLOW), pytest.param(1.0, 4, marks=SLOW)]
 _CPU_RUNS: dict = {}
 _TRAFFIC: dict = {}  # on 2 GPUs, greedy and sampled: (record, its steps watched) per (case, temperature)
 

@@ -208,6 +208,7 @@ def test_sampling_keeps_the_target_distribution(cache):
                                            target=target, trials=1500)
 
 
+@pytest.mark.slow  # a real model: make test-slow (make test keeps the smaller checks)
 def test_greedy_lossless_on_smollm2(smollm2, cache):
     config = SpecDecPPConfig(max_k=8)
     random_head(smollm2, config)

@@ -207,6 +207,7 @@ def test_sampling_preserves_the_target_distribution(params):
     assert sum(proposed) > 0
 
 
+@pytest.mark.slow  # a real model: make test-slow (make test keeps the smaller checks)
 def test_greedy_lossless_on_smollm2(smollm2):
     target = Target(smollm2.model)
     d = SuffixDecoding(SuffixConfig(max_spec_tokens=12), vocab_size=smollm2.vocab_size)

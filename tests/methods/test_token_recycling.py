@@ -198,6 +198,7 @@ def test_sampling_preserves_the_target_distribution(params):
 # ---------------------------------------------------------------- SmolLM2
 
 
+@pytest.mark.slow  # a real model: make test-slow (make test keeps the smaller checks)
 def test_greedy_lossless_on_smollm2(smollm2):
     target = Target(smollm2.model)
     d = TokenRecycling(TokenRecyclingConfig(tree="cpu"), vocab_size=smollm2.vocab_size)
