@@ -81,17 +81,31 @@ def undocumented(page: str, keys, prefix: str = "model.") -> list[str]:
 
 
 def test_the_method_lists_agree_with_the_registry():
-    """README's methods table, the settings page and the methods page each name every registered method (as a
-    preset in backticks), and name no method the registry lacks."""
-    from methods.registry import method_names
+    """README's methods table, the settings page and the methods page each name every method module of
+    methods/ (as a preset in backticks), and no `-cpu` preset that conf/method/ lacks."""
     from specbench.paths import conf_choices
 
+    shipped = sorted(p.stem for p in (ROOT / "methods").glob("*.py") if p.stem not in ("__init__", "registry"))
     readme = (ROOT / "README.md").read_text()
     table = readme[readme.index("## Methods") : readme.index("## Against llama.cpp")]
     presets = set(conf_choices("method"))
     for name, text in (("README's methods table", table), ("settings.md", (ROOT / "docs" / "settings.md").read_text()),
                        ("methods.md", (ROOT / "docs" / "methods.md").read_text())):
         named = set(re.findall(r"`([a-z0-9_.]+(?:-[a-z0-9_.]+)*)`", text))
-        assert set(method_names()) <= named, f"{name} lacks {sorted(set(method_names()) - named)}"
-        stale = {n for n in named if n.split("-")[0] in method_names() and n not in presets and n.endswith("-cpu")}
+        assert set(shipped) <= named, f"{name} lacks {sorted(set(shipped) - named)}"
+        stale = {n for n in named if n.split("-")[0] in shipped and n not in presets and n.endswith("-cpu")}
         assert not stale, f"{name} names presets that do not exist: {sorted(stale)}"
+
+
+def test_every_path_a_page_names_exists():
+    """A file the docs, the measurements or bench/README.md name from the repository's root (``tests/…``,
+    ``bench/…``, ``specbench/…``, ``methods/…``, ``conf/…``, ``scripts/…``) exists: a moved or deleted file
+    leaves no dangling name (the adding-a-method skeleton's own new files aside)."""
+    pages = [*(ROOT / "docs").rglob("*.md"), ROOT / "bench" / "README.md", ROOT / "README.md"]
+    missing = []
+    for page in pages:
+        for path in re.findall(r"`((?:tests|bench|specbench|methods|conf|scripts)/[\w./-]+\.(?:py|yaml|md|sh))`",
+                               page.read_text()):
+            if not (ROOT / path).exists() and "echo" not in path:
+                missing.append(f"{page.relative_to(ROOT)}: {path}")
+    assert missing == []
