@@ -118,3 +118,23 @@ def load_dflash(folder: str | Path, vocab: int, target_layers: int, dtype: torch
         raise DFlashFileError(f"{where}: weights do not match the config (missing {missing[:3]}, unexpected "
                               f"{unexpected[:3]})")
     return net.to(device=device, dtype=dtype).eval()
+
+
+def random_dflash(target_config, folder: str | Path, layers: int = 1, block: int = 8, seed: int = 0,
+                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> Path:
+    """An untrained drafter for a target (its widths, ``layers`` draft layers reading the target layers DFlash
+    taps by default, the last token of the vocabulary as the mask), saved in speculators' layout: what checks
+    of losslessness use (what verification keeps does not depend on the drafter)."""
+    from specbench.drafting.dflash import tapped_layers
+
+    c = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
+    heads = c.num_attention_heads
+    shape = DFlashShape(hidden=c.hidden_size, heads=heads, kv_heads=getattr(c, "num_key_value_heads", heads),
+                        head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads,
+                        intermediate=c.intermediate_size, layers=layers,
+                        taps=tuple(tapped_layers(c.num_hidden_layers, layers)), block=block,
+                        mask_token=c.vocab_size - 1, eps=float(getattr(c, "rms_norm_eps", 1e-6)))
+    torch.manual_seed(seed)
+    with torch.device(device):
+        net = DFlashNet(shape).to(dtype)
+    return save_dflash(net, folder, c.vocab_size)

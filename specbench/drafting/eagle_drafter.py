@@ -182,9 +182,13 @@ def resolve_head(name: str, setting: str, context, kind: str) -> tuple[torch.nn.
 
 def random_head(kind: str, target_config, directory: Path, dtype: torch.dtype = torch.float32,
                 device: str | torch.device = "cpu") -> Path:
-    """An untrained head of ``kind`` (eagle, eagle3, medusa) for a target, saved in its published layout in
-    ``dtype`` (initialised on ``device``): what checks of losslessness use (what verification keeps does not
+    """An untrained head of ``kind`` (eagle, eagle3, medusa, dflash) for a target, saved in its published layout
+    in ``dtype`` (initialised on ``device``): what checks of losslessness use (what verification keeps does not
     depend on the head)."""
+    if kind == "dflash":
+        from specbench.drafting.dflash_files import random_dflash
+
+        return random_dflash(target_config, directory, dtype=dtype, device=device)
     from specbench.drafting.eagle_head import EagleHead, HeadConfig, save_head
     from specbench.drafting.medusa_head import MedusaHeads, save_medusa
 

@@ -175,3 +175,15 @@ def test_what_the_harness_does_not_run_is_refused_in_one_line(tmp_path, change, 
     with pytest.raises(DFlashFileError, match=re.escape(says)) as err:
         load_dflash(folder, vocab=100, target_layers=12)
     assert "\n" not in str(err.value)
+
+
+def test_a_run_without_a_drafter_or_with_a_wrong_one_stops_before_loading(tmp_path):
+    from specbench.errors import ConfigError
+    from specbench.run.job import plan
+    from tests.run.test_config import make_cfg
+
+    with pytest.raises(ConfigError, match=re.escape("set method.head=<directory or hub repo> of a DFlash drafter")):
+        plan(make_cfg("experiment=smoke", "method=dflash"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="holds no config.json"):
+        plan(make_cfg("experiment=smoke", "method=dflash", f"method.head={tmp_path / 'empty'}"))

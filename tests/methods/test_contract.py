@@ -49,7 +49,7 @@ NEEDS_STORE = {"rest", "spectra_retrieval", "spectra", "lookahead_rest"}
 NEEDS_HEAD = {"specdec_pp"}
 # Methods that read the target's hidden states through a trained head: they get a random one for the target
 # (what verification keeps does not depend on it); in the sampling check, one for the bigram target's states.
-NEEDS_FEATURE_HEAD = {"eagle", "eagle3", "medusa"}
+NEEDS_FEATURE_HEAD = {"eagle", "eagle3", "medusa", "dflash"}
 # Methods that run a draft model: it is the target's first layer (self-draft), so they need a real model.
 NEEDS_MODEL = {"sps", "specdec_pp"}
 # Methods that never draft: they pass the checks trivially and are run anyway.

@@ -47,7 +47,8 @@ GPU_CURVE = CostModel.flat()
 GPU_BATCH_CURVE = CostModel([1, 128], [0], [[0.02, 0.02]],
                             batches={4: CostModel([1, 16, 128], [0], [[0.02, 0.024, 0.08]])})
 NEEDS_STORE = {"rest", "spectra_retrieval", "spectra", "lookahead_rest"}
-FEATURE_HEADS = {"eagle": "eagle", "eagle3": "eagle3", "medusa": "medusa", "sam_decoding-eagle": "eagle"}
+FEATURE_HEADS = {"eagle": "eagle", "eagle3": "eagle3", "medusa": "medusa", "dflash": "dflash",
+                 "sam_decoding-eagle": "eagle"}
 DRAFT_MODEL = {"sps", "specdec_pp"}
 # Methods as the presets run them, plus SAM-Decoding[EAGLE2] (sam_decoding with an EAGLE head below its threshold).
 CASES = [*shipped_methods(), "sam_decoding-eagle"]
@@ -106,8 +107,9 @@ def make_store(path, lm):
 
 
 def make_heads(root, config) -> dict:
-    """Random EAGLE, EAGLE-3 and Medusa heads for the target, in their published layouts (and their folder)."""
-    return {"dir": root, **{kind: str(random_head(kind, config, root / kind)) for kind in ("eagle", "eagle3", "medusa")}}
+    """Random EAGLE, EAGLE-3, Medusa and DFlash drafters for the target, in their published layouts (and their folder)."""
+    return {"dir": root, **{kind: str(random_head(kind, config, root / kind))
+                            for kind in ("eagle", "eagle3", "medusa", "dflash")}}
 
 
 @pytest.fixture(scope="module")

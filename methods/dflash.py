@@ -1,0 +1,134 @@
+"""DFlash (z-lab, 2026): a block of guesses drafted in one forward of a small block-diffusion drafter, verified
+as a chain by the shared core.
+
+The drafter (:mod:`specbench.drafting.dflash`) reads the target's hidden states after a few of its layers at
+every verified position, and drafts the B − 1 tokens after the root at once: the block is the root followed by
+B − 1 mask tokens, embedded with the target's embedding; its final states go through the target's LM head,
+and each position's argmax is a guess (a chain, as vLLM verifies it). ``block`` caps the block below the
+drafter's own size; ``budget=auto`` trims the chain to what pays. The drafter is read from a directory or a
+hub repository in z-lab's or speculators' layout (:mod:`specbench.drafting.dflash_files`); training one here
+is not built yet. Deterministic guesses: lossless for greedy and sampling alike.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from methods.registry import register_method
+from specbench.core.draft import SOURCE_HEAD, DecodeState, Draft, Drafter, VerifyResult
+from specbench.core.forward import runs_on
+from specbench.core.kv import upload
+from specbench.drafting.dflash import Context
+from specbench.drafting.dflash_files import load_dflash, read_shape
+from specbench.errors import ConfigError
+
+
+@dataclass
+class DFlashConfig:
+    head: str = ""  # the drafter: a directory or a hub repository (z-lab's or speculators' layout)
+    block: int = 0  # the most tokens a block holds, the root included (0: the drafter's own block size)
+
+    def validate(self) -> None:
+        if self.block < 0 or self.block == 1:
+            raise ValueError(f"dflash: block must be 0 (the drafter's) or at least 2, got {self.block}")
+
+
+def drafter_dir(head: str, fetch: bool = True) -> Path:
+    """The drafter's directory: ``head`` itself, or a hub repository's snapshot (fetched, or from the cache)."""
+    if not head:
+        raise ConfigError("dflash: set method.head=<directory or hub repo> of a DFlash drafter for the model "
+                          "(z-lab's or speculators' layout); training one here is not built yet")
+    path = Path(head).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"dflash: {path} holds no config.json: point method.head at a DFlash drafter's directory")
+        return path
+    if head.count("/") != 1:
+        raise ConfigError(f"dflash: head '{head}' is neither a directory nor a hub repository (owner/name)")
+    from specbench.drafting.eagle_drafter import hub_head
+
+    return hub_head(head, "dflash", fetch)
+
+
+@register_method
+class DFlash(Drafter):
+    name = "dflash"
+    Config = DFlashConfig
+    KIND = "dflash"  # the kind of head it reads (tests and gpu-check write a random one of this kind)
+    HOST_READS = 1  # the block's argmaxes, read once
+    catches_up = True  # the states of every position verified while it did not draft join its next forward
+
+    @classmethod
+    def host_reads(cls, config: DFlashConfig, drafted: int) -> int:
+        return 1 if drafted else 0
+
+    @classmethod
+    def preflight(cls, config: DFlashConfig, run_cfg: Any) -> None:
+        read_shape(drafter_dir(config.head, fetch=False))
+
+    def __init__(self, config: DFlashConfig | None = None, **kwargs) -> None:
+        super().__init__(config, **kwargs)
+        target = self.context.target_model
+        if target is None:
+            raise ConfigError("dflash: needs the target model (DrafterContext.target_model)")
+        text = target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
+        self.embed, self.lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+        self.device = runs_on(self.lm_head)
+        self.dtype = self.embed.weight.dtype
+        self.net = load_dflash(drafter_dir(self.config.head), text.vocab_size, text.num_hidden_layers,
+                               dtype=self.dtype, device=self.device)
+        if self.net.s.hidden != text.hidden_size:
+            raise ConfigError(f"dflash: the drafter in {self.config.head} reads states of width {self.net.s.hidden}, "
+                              f"the target's are {text.hidden_size}: it was trained for another model")
+        self.block = min(self.config.block, self.net.s.block) if self.config.block else self.net.s.block
+        # the output of target layer t is the input of layer t + 1: what the forward hands over as feature t + 1
+        self.feature_layers = tuple(t + 1 for t in self.net.s.taps)
+        self.start([])
+
+    def provenance(self) -> dict[str, Any]:
+        return {"head": self.config.head}
+
+    def spawn(self) -> DFlash:
+        """Another request's drafter: the same network (shared weights), a context of its own."""
+        twin = copy.copy(self)
+        twin.start([])
+        return twin
+
+    def start(self, prompt_ids: list[int]) -> None:
+        self.context: Context | None = None
+        self.pending: list[torch.Tensor] = []  # the target's tapped states at positions not yet in the context
+
+    def _tapped(self, features: dict[int, torch.Tensor]) -> torch.Tensor:
+        return torch.cat([features[i].to(self.device, self.dtype, non_blocking=True) for i in self.feature_layers], -1)
+
+    def prefilled(self, features: dict[int, torch.Tensor]) -> None:
+        self.pending = [self._tapped(features)]
+
+    def update(self, result: VerifyResult) -> None:
+        """The root's and the accepted guesses' states join the context at the next draft (a step that drafts
+        nothing costs the drafter no work)."""
+        if result.features:
+            self.pending.append(self._tapped(result.features))
+
+    @torch.inference_mode()
+    def propose(self, state: DecodeState) -> Draft | None:
+        depth = min(self.block - 1, state.max_depth)
+        if depth < 1 or not self.pending:
+            return None
+        features = torch.cat(self.pending)
+        seen = self.context.length if self.context is not None else 0
+        root = len(state.tokens) - 1  # the root's position: every position before it is verified
+        if seen + features.shape[0] != root:
+            raise RuntimeError(f"dflash: the context covers {seen + features.shape[0]} positions, the root is at {root}")
+        ids = upload([state.tokens[-1]] + [self.net.s.mask_token] * depth, runs_on(self.embed))
+        block = self.embed(ids).to(self.device, self.dtype)
+        positions = torch.arange(seen, root + depth + 1, device=self.device)
+        hidden, self.context = self.net(features, block, positions, self.context)
+        self.pending = []
+        guesses = self.lm_head(hidden[1:]).argmax(-1).tolist()  # the one read of the step
+        return Draft(tokens=guesses, parents=list(range(-1, depth - 1)), sources=[SOURCE_HEAD] * depth)
