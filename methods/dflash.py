@@ -40,19 +40,12 @@ class DFlashConfig:
 
 def drafter_dir(head: str, fetch: bool = True) -> Path:
     """The drafter's directory: ``head`` itself, or a hub repository's snapshot (fetched, or from the cache)."""
-    if not head:
+    from specbench.drafting.eagle_drafter import head_dir
+
+    if head in ("", "auto", "trained"):  # no drafter is trained here yet, nor published for a preset
         raise ConfigError("dflash: set method.head=<directory or hub repo> of a DFlash drafter for the model "
                           "(z-lab's or speculators' layout); training one here is not built yet")
-    path = Path(head).expanduser()
-    if path.exists():
-        if not (path / "config.json").is_file():
-            raise ConfigError(f"dflash: {path} holds no config.json: point method.head at a DFlash drafter's directory")
-        return path
-    if head.count("/") != 1:
-        raise ConfigError(f"dflash: head '{head}' is neither a directory nor a hub repository (owner/name)")
-    from specbench.drafting.eagle_drafter import hub_head
-
-    return hub_head(head, "dflash", fetch)
+    return head_dir(head, "", "dflash", fetch)
 
 
 @register_method
