@@ -278,11 +278,12 @@ def bench(loaded, prompts, presets: list[str], max_new: int, run_cfg=None, store
             print(f"cost curve (forward={mode}):\n{costs[mode].table()}")
     eos = loaded.eos_token_ids
     sampling = sampling or SamplingParams()
-    drafters = {"autoregressive": get_method("autoregressive")(None, vocab_size=loaded.vocab_size)}
+    drafters = {}
     budgets = {}  # <preset>:auto: trimmed under the measured cost curve, statistics kept across prompts
     whys: dict[str, list[str] | None] = {}  # each preset's last generation: the planner's reason for each step
     references = References(target, max_new, eos)  # the oracle's: each prompt's greedy output, made untimed
     rows = [(name, mode) for mode in forwards for name in ["autoregressive", *presets]]
+    first_ar = "autoregressive" if forwards[0] == "eager" else f"autoregressive@{forwards[0]}"
 
     def cost_of(row: str):  # the curve a row plans and is modelled on: its mode's
         return costs.get(row.partition("@")[2] or "eager")
@@ -303,7 +304,7 @@ def bench(loaded, prompts, presets: list[str], max_new: int, run_cfg=None, store
         )
         if budget in ("auto", "static"):  # the warm-up's planner measures what drafting costs, as a run's does
             budgets[row] = AutoBudget(costs.get(mode), aux_feeds=get_method(method).AUX_FEEDS, static=budget == "static",
-                                       calibrating=True, catches_up=drafters[name].catches_up)
+                                       calibrating=True, catches_up=drafters[row].catches_up)
         if getattr(cfg, "_store_path", None) and mode == forwards[0]:
             print(f"  {name} reads {store_facts(cfg._store_path)}")
 
@@ -350,7 +351,7 @@ def bench(loaded, prompts, presets: list[str], max_new: int, run_cfg=None, store
                 if name in drafters:
                     drafters[name].begin_sample()
                 outs[name] = once(name, ids, max_new, 1_000_003 * rep + i)
-            ref = outs["autoregressive"][0]
+            ref = outs[first_ar][0]  # the first mode's autoregressive output
             if sampling.greedy and len(ref) == max_new:
                 references.add(ids, ref)
             for name, (out, rec, seconds) in outs.items():
@@ -415,8 +416,10 @@ def report(dtype: str, dataset: str, tallies: dict[str, Tally], greedy: bool = T
                     if t.modelled_s and base.modelled_s else "     -")  # decode steps only, as planned
         same = f"{t.match}/{t.n}" if greedy else "-"
         line = on_the_line(sp) if name != engine_baseline(name) else "-"
-        limit = (share_of_limit(t, base, tallies["oracle"], tallies["autoregressive"])
-                 if "oracle" in tallies and name != engine_baseline(name) else "-")
+        mode = name.partition("@")[2]
+        oracle = tallies.get(f"oracle@{mode}" if mode else "oracle")  # the limit in the row's own mode
+        limit = (share_of_limit(t, base, oracle, tallies[f"autoregressive@{mode}" if mode else "autoregressive"])
+                 if oracle is not None and name != engine_baseline(name) else "-")
         print(
             f"{dtype:9} {dataset:10} {name:30} {tau} {speedup:30} {limit:17} {t.tokens / t.seconds:7.1f}"
             f" {sp['time_ratio']:5.2f}x {modelled} {mac} {mic} {width} {aux} {overhead} {share} {lookup}"

@@ -718,3 +718,18 @@ def test_machine_noise_reads_a_drift_as_a_spread_that_grows_with_the_lag():
     assert drift["lags"][16] > 2.5 * drift["lags"][1]  # √16 = 4 for a true walk
     jitter = spread([1.0 if i % 2 else 1.2 for i in range(40)])
     assert jitter["lags"][1] > 0.1 and jitter["lags"][2] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_compare_runs_a_compiled_forward_alone(tiny_llama):
+    """bench/compare.py with ``--forward compiled`` only: every row (the baseline too) is ``<row>@compiled``, over
+    ``autoregressive@compiled``, and nothing reads an eager baseline the run never made."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from compare import bench
+
+    prompts = [[1, 5, 9, 4, 1, 5, 9], [2, 7, 3, 3, 8]]
+    tallies = bench(tiny_llama, prompts, ["pld"], 6, cost=FLAT, hf_pld=False, forwards=("compiled",))
+    assert set(tallies) == {"autoregressive@compiled", "pld@compiled"}
+    assert tallies["pld@compiled"].match == 2 and len(tallies["autoregressive@compiled"].runs) == 2
