@@ -20,7 +20,7 @@ STAMP       := $(VENV)/.specbench-installed
 PYTEST      := $(PY) -m pytest -p no:cacheprovider
 
 .DEFAULT_GOAL := help
-.PHONY: peers test-peers help setup demo smoke smoke-experiments test test-slow test-data slurm-test summary site site-test docs test-all gpu-check gpu-bundle gpu-rehearsal lint bench bench-stores bench-heads bench-retrieval clean train-acceptance-head train-eagle-head \
+.PHONY: peers test-peers help setup demo smoke smoke-experiments test test-slow test-data slurm-test summary site site-test docs test-all gpu-check gpu-bundle gpu-rehearsal lint bench bench-stores bench-heads bench-retrieval clean train-acceptance-head train-eagle-head train-dflash \
         datastore datastore-refine memory_scopes batch_sweep spec_bench table1 table2 table3 table4 table5 table6 table7 figures report reproduce-cpu
 
 # Paper reproduction. Sweeps write <RESULTS>/<experiment>/; reports go to <REPORTS>/ (Markdown, LaTeX,
@@ -170,6 +170,10 @@ HEAD_TEMPS ?= 1 0
 KIND ?= eagle
 train-eagle-head: setup ## train an EAGLE head (KIND=eagle|eagle3|medusa) for MODEL (default smollm2-135m) on offline text; re-running resumes
 	$(PY) -m specbench.eagle_head model=$(MODEL) --kind $(KIND) $(ARGS)
+
+DFLASH_ARGS ?= --draft-layers 1 --block 8
+train-dflash: setup ## train a DFlash drafter for MODEL (default smollm2-135m) on offline text (DFLASH_ARGS: its shape); re-running resumes
+	$(PY) -m specbench.eagle_head model=$(MODEL) --kind dflash $(DFLASH_ARGS) $(ARGS)
 
 # The heads bench/README's figures were measured with (epochs per kind); each is trained once, then kept.
 HEAD_EPOCHS ?= eagle=3 eagle3=2 medusa=2

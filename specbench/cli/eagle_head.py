@@ -18,6 +18,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from specbench.drafting.dflash import DFlashNet, DFlashShape
+from specbench.drafting.dflash_files import save_dflash, shape_for
+from specbench.drafting.dflash_training import train as dflash_train
 from specbench.drafting.eagle_drafter import trained_head_dir
 from specbench.drafting.eagle_head import KINDS, EagleHead, HeadConfig, save_head
 from specbench.drafting.eagle_training import (
@@ -41,7 +44,7 @@ def main(argv: list[str] | None = None) -> Path:
         prog="python -m specbench.eagle_head",
         description="Train an EAGLE head for a target on offline text. Other arguments are run.py overrides "
         "(model=..., hardware=...).")
-    ap.add_argument("--kind", choices=(*KINDS, "medusa"), default="eagle")
+    ap.add_argument("--kind", choices=(*KINDS, "medusa", "dflash"), default="eagle")
     ap.add_argument("--conversations", type=int, default=0,
                     help="conversations to train on (default 0: all); the held-out ones are the same whatever it is")
     ap.add_argument("--max-len", type=int, default=512, help="tokens per conversation")
@@ -54,6 +57,11 @@ def main(argv: list[str] | None = None) -> Path:
                     "the reference's; 1 trains the first step only)")
     ap.add_argument("--medusa-heads", type=int, default=4, help="Medusa's heads K (tied to the target's LM head)")
     ap.add_argument("--positions", type=int, default=128, help="Medusa: positions per sequence and epoch")
+    ap.add_argument("--draft-layers", type=int, default=1, help="DFlash: the drafter's decoder layers")
+    ap.add_argument("--block", type=int, default=8, help="DFlash: tokens a block holds, its root included")
+    ap.add_argument("--anchors", type=int, default=64, help="DFlash: blocks drawn per sequence and epoch")
+    ap.add_argument("--gamma", type=float, default=0.0,
+                    help="DFlash: block position k's loss weighs exp(-(k-1)/gamma) (0: every position alike)")
     ap.add_argument("--out", type=Path, default=None, help="the head's directory (default: the cache's, by model)")
     args, overrides = ap.parse_known_args(argv)
     if not 0 < args.heldout < 1 or args.epochs < 1 or args.max_len < 8 or args.ttt_steps < 1:
@@ -75,8 +83,13 @@ def main(argv: list[str] | None = None) -> Path:
     pairs = offline_conversations(seed=int(cfg.seed))
     sequences = encode(loaded.tokenizer, pairs, args.max_len)
     medusa = args.kind == "medusa"
-    kind_cfg = HeadConfig.for_target("eagle" if medusa else args.kind, model.config)
-    layers, data_file = features_file(loaded.name, kind_cfg, len(sequences), args.max_len)
+    if args.kind == "dflash":
+        shape = shape_for(model.config, args.draft_layers, args.block)
+        layers = tuple(dict.fromkeys((*(t + 1 for t in shape.taps), -1)))  # layer t's output: states t + 1
+        data_file = features_path(loaded.name, "dflash", layers, len(sequences), args.max_len)
+    else:
+        kind_cfg = HeadConfig.for_target("eagle" if medusa else args.kind, model.config)
+        layers, data_file = features_file(loaded.name, kind_cfg, len(sequences), args.max_len)
     data_file.parent.mkdir(parents=True, exist_ok=True)
     if data_file.is_file():
         data = torch.load(data_file, weights_only=False)
@@ -95,6 +108,8 @@ def main(argv: list[str] | None = None) -> Path:
         d2t = answers_vocabulary(train_set, args.draft_vocab)
         kind_cfg.draft_vocab_size = d2t.numel()
     torch.manual_seed(int(cfg.seed))
+    if args.kind == "dflash":
+        return _train_dflash(args, loaded, shape, layers[:-1], train_set, heldout, work, out, started)
     if medusa:
         return _train_medusa(args, loaded, data, train_set, heldout, work, out, started)
     head = EagleHead(kind_cfg)
@@ -129,9 +144,42 @@ def features_file(target: str, kind_cfg: HeadConfig, n_sequences: int, max_len: 
     """The target layers a head of ``kind_cfg`` trains on, and the cache file that keeps their features (in the
     cache's head folder wherever ``--out`` puts the head; EAGLE and Medusa read the same layer: one file)."""
     layers = tuple(dict.fromkeys((*kind_cfg.feature_layers(), -1)))
+    return layers, features_path(target, kind_cfg.kind, layers, n_sequences, max_len)
+
+
+def features_path(target: str, kind: str, layers: tuple[int, ...], n_sequences: int, max_len: int) -> Path:
+    """The cache file of the target's states ``layers`` over the training text (heads reading the same layers
+    share it)."""
     names = "_".join(str(i) for i in layers)
-    cache = trained_head_dir(target, kind_cfg.kind).parent
-    return layers, cache / f"{target}.features" / f"layers{names}-{n_sequences}x{max_len}.pt"
+    return trained_head_dir(target, kind).parent / f"{target}.features" / f"layers{names}-{n_sequences}x{max_len}.pt"
+
+
+def _train_dflash(args, loaded, shape: DFlashShape, layers: tuple[int, ...], train_set, heldout, work: Path,
+                  out: Path, started: float) -> Path:
+    model = loaded.model
+    net = DFlashNet(shape)
+    lm_weight = model.get_output_embeddings().weight.detach().float()
+    embed = model.get_input_embeddings()
+    name = f"checkpoint-dflash-{shape.layers}x{shape.block}-{len(train_set)}x{args.max_len}.pt"
+    state, keep = _checkpointing(work / name)
+    tokens = sum(int(entry[0].numel()) for entry in train_set)
+    print(f"{len(train_set)} conversations ({tokens} tokens) to train on, {len(heldout)} held out; drafter of "
+          f"{sum(p.numel() for p in net.parameters()) / 1e6:.1f}M parameters reading target layers {list(shape.taps)}")
+    state = dflash_train(net, lm_weight, embed, train_set, heldout, layers, epochs=args.epochs, lr=args.lr,
+                         anchors=args.anchors, gamma=args.gamma, state=state, on_epoch=keep)
+    best = min(state["history"], key=lambda h: h["heldout_loss"])
+    meta = {"target": loaded.name, "kind": "dflash", "data": "pydoc_data topics + stdlib docstrings",
+            "conversations": len(train_set), "train_tokens": tokens, "heldout_conversations": len(heldout),
+            "max_len": args.max_len, "epochs": args.epochs, "lr": args.lr, "anchors": args.anchors,
+            "gamma": args.gamma, "history": state["history"], "kept_epoch": best["epoch"],
+            "minutes": round((time.time() - started) / 60, 1)}
+    c = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    save_dflash(net, out, c.vocab_size, verifier=loaded.name)
+    (out / "training.json").write_text(json.dumps(meta, indent=2))
+    print(f"held-out accepted guesses a block {state['history'][0]['accepted']:.2f} before training, "
+          f"{best['accepted']:.2f} after epoch {best['epoch']} (kept; top-1 agreement by position "
+          f"{' / '.join(f'{a:.2f}' for a in best['agree_by_position'])}); saved {out}")
+    return out
 
 
 def _checkpointing(path: Path):

@@ -121,10 +121,12 @@ class DraftLayer(nn.Module):
         self.self_attn, self.mlp = Attention(s), MLP(s)
 
     def forward(self, x: torch.Tensor, context: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                past: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                past: tuple[torch.Tensor, torch.Tensor] | None, mask: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``x`` [B, hidden] (the block), ``context`` [T, hidden] (new context vectors), ``cos``/``sin`` [T + B,
         dim] (their positions, then the block's); returns the block's new states and the layer's context keys
-        and values, ``past``'s followed by the new positions'."""
+        and values, ``past``'s followed by the new positions'. ``mask`` ([B, keys], True where a row may look;
+        None: every row sees every key) lets several blocks share a forward, as training does."""
         s, a, b, t = self.s, self.self_attn, x.shape[0], context.shape[0]
         h = self.input_layernorm(x)
         both = torch.cat([context, h])  # the context enters as keys and values only
@@ -136,7 +138,7 @@ class DraftLayer(nn.Module):
             k, v = torch.cat([past[0], k], 1), torch.cat([past[1], v], 1)
         group = s.heads // s.kv_heads
         keys, values = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)
-        attn = F.scaled_dot_product_attention(q, keys, values, scale=s.head_dim ** -0.5)  # bidirectional
+        attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=s.head_dim ** -0.5)
         x = x + a.o_proj(attn.transpose(0, 1).reshape(b, -1))
         return x + self.mlp(self.post_attention_layernorm(x)), k[:, :-b], v[:, :-b]
 
@@ -163,16 +165,17 @@ class DFlashNet(nn.Module):
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
     def forward(self, features: torch.Tensor, block: torch.Tensor, positions: torch.Tensor,
-                past: Context | None = None) -> tuple[torch.Tensor, Context]:
+                past: Context | None = None, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, Context]:
         """``features`` [T, taps × hidden]: the target's tapped states at the T positions verified since
         ``past``; ``block`` [B, hidden]: the block's embeddings; ``positions`` [T + B]: those positions, then
         the block's. Returns the block's final states [B, hidden] (normed: the target's LM head reads them)
-        and the context with the T positions added."""
+        and the context with the T positions added. ``mask`` [B, T + B]: which keys each block row sees (several
+        blocks in one forward, each over its own context: :mod:`specbench.drafting.dflash_training`)."""
         context = self.hidden_norm(self.fc(features))
         cos, sin = self.rotary(positions)
         x, keys, values = block, [], []
         for i, layer in enumerate(self.layers):
-            x, k, v = layer(x, context, cos, sin, None if past is None else (past.keys[i], past.values[i]))
+            x, k, v = layer(x, context, cos, sin, None if past is None else (past.keys[i], past.values[i]), mask)
             keys.append(k)
             values.append(v)
         return self.norm(x), Context(keys, values)

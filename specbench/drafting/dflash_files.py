@@ -120,21 +120,31 @@ def load_dflash(folder: str | Path, vocab: int, target_layers: int, dtype: torch
     return net.to(device=device, dtype=dtype).eval()
 
 
-def random_dflash(target_config, folder: str | Path, layers: int = 1, block: int = 8, seed: int = 0,
-                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> Path:
-    """An untrained drafter for a target (its widths, ``layers`` draft layers reading the target layers DFlash
-    taps by default, the last token of the vocabulary as the mask), saved in speculators' layout: what checks
-    of losslessness use (what verification keeps does not depend on the drafter)."""
+def shape_for(target_config, layers: int = 1, block: int = 8) -> DFlashShape:
+    """A drafter for a target: its widths and rotary base, ``layers`` draft layers reading the target layers
+    DFlash taps by default, blocks of ``block`` tokens, the vocabulary's last id as the mask (recorded in the
+    drafter's config: a model without a mask token of its own)."""
     from specbench.drafting.dflash import tapped_layers
 
+    if layers < 1 or block < 2:
+        raise DFlashFileError(f"dflash: need at least 1 draft layer and blocks of at least 2, got {layers} and {block}")
     c = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
     heads = c.num_attention_heads
-    shape = DFlashShape(hidden=c.hidden_size, heads=heads, kv_heads=getattr(c, "num_key_value_heads", heads),
-                        head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads,
-                        intermediate=c.intermediate_size, layers=layers,
-                        taps=tuple(tapped_layers(c.num_hidden_layers, layers)), block=block,
-                        mask_token=c.vocab_size - 1, eps=float(getattr(c, "rms_norm_eps", 1e-6)))
+    theta = (getattr(c, "rope_parameters", None) or {}).get("rope_theta") or getattr(c, "rope_theta", None) or 1e4
+    return DFlashShape(hidden=c.hidden_size, heads=heads, kv_heads=getattr(c, "num_key_value_heads", heads),
+                       head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads,
+                       intermediate=c.intermediate_size, layers=layers,
+                       taps=tuple(tapped_layers(c.num_hidden_layers, layers)), block=block,
+                       mask_token=c.vocab_size - 1, eps=float(getattr(c, "rms_norm_eps", 1e-6)),
+                       rope_theta=float(theta))
+
+
+def random_dflash(target_config, folder: str | Path, layers: int = 1, block: int = 8, seed: int = 0,
+                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> Path:
+    """An untrained drafter for a target (:func:`shape_for`), saved in speculators' layout: what checks of
+    losslessness use (what verification keeps does not depend on the drafter)."""
+    c = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
     torch.manual_seed(seed)
     with torch.device(device):
-        net = DFlashNet(shape).to(dtype)
+        net = DFlashNet(shape_for(c, layers, block)).to(dtype)
     return save_dflash(net, folder, c.vocab_size)
