@@ -7,24 +7,37 @@ B − 1 mask tokens, embedded with the target's embedding; its final states go t
 and each position's argmax is a guess (a chain, as vLLM verifies it). ``block`` caps the block below the
 drafter's own size; ``budget=auto`` trims the chain to what pays. The drafter is read from a directory or a
 hub repository in z-lab's or speculators' layout (:mod:`specbench.drafting.dflash_files`); training one here
-is not built yet. Deterministic guesses: lossless for greedy and sampling alike.
+is not built yet.
+
+``tree``: ``chain`` (the default) as above; ``best_first`` reads the block as DDTree does
+(:mod:`specbench.drafting.dflash_tree`): positions taken as independent, a tree of ``nodes`` guesses (0: as
+many as the chain has) grown best first from each position's ``top_k`` tokens by summed log-probability, and
+verified in one forward with the tree mask (``budget=auto`` trims its depth and its top-k). Under sampling the
+chain draws each position's guess from the drafter's distribution there (the run's temperature, top-k and
+top-p, drawn on the device from the drafter's own generator) and sends those distributions as ``q``, so the
+core's min(1, p/q) rule keeps the target's distribution; the tree's guesses stay deterministic (no ``q``, the
+core's one-hot rule, as EAGLE's): a top-k is not a sample of ``q``. Greedy drafts are argmaxes either way.
 """
 
 from __future__ import annotations
 
 import copy
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from methods.registry import register_method
+from specbench.core.acceptance import SamplingParams, sample_rows, target_probs
 from specbench.core.draft import SOURCE_HEAD, DecodeState, Draft, Drafter, VerifyResult
 from specbench.core.forward import runs_on
 from specbench.core.kv import upload
 from specbench.drafting.dflash import Context
 from specbench.drafting.dflash_files import load_dflash, read_shape
+from specbench.drafting.dflash_tree import best_first
 from specbench.errors import ConfigError
 
 
@@ -32,10 +45,17 @@ from specbench.errors import ConfigError
 class DFlashConfig:
     head: str = ""  # the drafter: a directory or a hub repository (z-lab's or speculators' layout)
     block: int = 0  # the most tokens a block holds, the root included (0: the drafter's own block size)
+    tree: str = "chain"  # chain: each position's guess; best_first: a tree over the positions' top-k (DDTree)
+    nodes: int = 0  # best_first: the most guesses (0: as many as the chain has, B - 1 unless the depth is capped)
+    top_k: int = 4  # best_first: the tokens of each position a node may continue with
 
     def validate(self) -> None:
         if self.block < 0 or self.block == 1:
             raise ValueError(f"dflash: block must be 0 (the drafter's) or at least 2, got {self.block}")
+        if self.tree not in ("chain", "best_first"):
+            raise ValueError(f"dflash: tree must be chain or best_first, got {self.tree!r}")
+        if self.nodes < 0 or self.top_k < 1:
+            raise ValueError(f"dflash: nodes must be >= 0 and top_k >= 1, got {self.nodes} and {self.top_k}")
 
 
 def drafter_dir(head: str, fetch: bool = True) -> Path:
@@ -53,7 +73,7 @@ class DFlash(Drafter):
     name = "dflash"
     Config = DFlashConfig
     KIND = "dflash"  # the kind of head it reads (tests and gpu-check write a random one of this kind)
-    HOST_READS = 1  # the block's argmaxes, read once
+    HOST_READS = 1  # the block's guesses (argmaxes, samples, or every position's top-k), read once
     catches_up = True  # the states of every position verified while it did not draft join its next forward
 
     @classmethod
@@ -81,6 +101,8 @@ class DFlash(Drafter):
         self.block = min(self.config.block, self.net.s.block) if self.config.block else self.net.s.block
         # the output of target layer t is the input of layer t + 1: what the forward hands over as feature t + 1
         self.feature_layers = tuple(t + 1 for t in self.net.s.taps)
+        self.params = self.context.sampling or SamplingParams()
+        self.generator = torch.Generator()  # the sampled chain's draws (CPU uniforms, drawn on the device)
         self.start([])
 
     def provenance(self) -> dict[str, Any]:
@@ -89,12 +111,14 @@ class DFlash(Drafter):
     def spawn(self) -> DFlash:
         """Another request's drafter: the same network (shared weights), a context of its own."""
         twin = copy.copy(self)
+        twin.generator = torch.Generator()
         twin.start([])
         return twin
 
     def start(self, prompt_ids: list[int]) -> None:
         self.context: Context | None = None
         self.pending: list[torch.Tensor] = []  # the target's tapped states at positions not yet in the context
+        self.generator.manual_seed(self.seed * 1_000_003 + zlib.crc32(np.asarray(prompt_ids, np.int64).tobytes()))
 
     def _tapped(self, features: dict[int, torch.Tensor]) -> torch.Tensor:
         return torch.cat([features[i].to(self.device, self.dtype, non_blocking=True) for i in self.feature_layers], -1)
@@ -123,5 +147,16 @@ class DFlash(Drafter):
         positions = torch.arange(seen, root + depth + 1, device=self.device)
         hidden, self.context = self.net(features, block, positions, self.context)
         self.pending = []
-        guesses = self.lm_head(hidden[1:]).argmax(-1).tolist()  # the one read of the step
-        return Draft(tokens=guesses, parents=list(range(-1, depth - 1)), sources=[SOURCE_HEAD] * depth)
+        logits = self.lm_head(hidden[1:])
+        if self.config.tree == "best_first":
+            top_k = state.top_k(self.config.top_k)
+            tree = best_first(logits.float().log_softmax(-1), self.config.nodes or depth, top_k)  # the one read
+            return Draft(tokens=tree.tokens, parents=tree.parents, sources=[SOURCE_HEAD] * len(tree.tokens),
+                         tree_width=top_k, needs=tree.needs)
+        chain = list(range(-1, depth - 1))
+        if self.params.greedy:
+            guesses = logits.argmax(-1).tolist()  # the one read of the step
+            return Draft(tokens=guesses, parents=chain, sources=[SOURCE_HEAD] * depth)
+        q = target_probs(logits, self.params)  # [depth, V]: position k's guess is drawn from row k - 1
+        guesses = sample_rows(q, [self.generator] * depth)  # the one read of the step
+        return Draft(tokens=guesses, parents=chain, sources=[SOURCE_HEAD] * depth, draft_probs=q)

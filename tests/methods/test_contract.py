@@ -58,6 +58,10 @@ NEVER_DRAFTS = {"autoregressive"}
 # otherwise fills only after its window has run for N - 1 steps.
 QUICK_START = {"lookahead": {"pool_from_prompt": True}}
 
+# Settings beside a method's defaults that change what it drafts: each runs through the greedy checks (eager,
+# compiled, and graphed with its outputs poisoned) and the sampling check as the defaults do.
+VARIANTS = {"dflash-best_first": ("dflash", {"tree": "best_first", "top_k": 3, "nodes": 10})}
+
 TARGET_NAME = "small"
 GREEDY_PROMPTS = [[1, 2, 3, 1, 2, 3, 1, 2], [5, 6, 7, 5, 6, 7, 5]]
 
@@ -113,10 +117,12 @@ def _head(tmp_path, name: str, params: dict, hidden: int, greedy: bool) -> str:
     return str(path)
 
 
-def _maker(name, store, target, tmp_path, sampling: SamplingParams, model=None):
-    """``model``: what the drafter reads as the target's model (default: ``target``'s own)."""
+def _maker(name, store, target, tmp_path, sampling: SamplingParams, model=None, settings: dict | None = None):
+    """``model``: what the drafter reads as the target's model (default: ``target``'s own); ``settings``: beside
+    the defaults (a variant's)."""
     model = model if model is not None else target.model
     params: dict = dict(QUICK_START.get(name, {})) if not sampling.greedy else {}
+    params.update(settings or {})
     if name in NEEDS_STORE:
         params["datastore"] = str(store)
         if "refine" in {f for f in get_method(name).Config.__dataclass_fields__}:
@@ -138,7 +144,9 @@ def _maker(name, store, target, tmp_path, sampling: SamplingParams, model=None):
 
     def make():
         if name in NEEDS_FEATURE_HEAD and loaded:  # the head loaded once, each request its own twin (as a batch
-            return loaded[0].spawn()  # makes them): their drafting draws nothing at random, so trials stay independent
+            twin = loaded[0].spawn()  # makes them), with a seed of its own: a drafter that samples its guesses
+            twin.seed = next(seeds)  # (dflash's chain) draws them independently in each trial
+            return twin
         context = DrafterContext(sampling=sampling, target_model=model, target_name=TARGET_NAME,
                                  forward_cost=CostModel.flat(), reference=reference)
         drafter = cls(config, vocab_size=SMALL_VOCAB, seed=next(seeds), context=context)
@@ -182,6 +190,24 @@ def test_sampling_keeps_the_target_distribution(name, store, target, tmp_path):
                                            extra=2)
     if name not in NEVER_DRAFTS:
         assert sum(proposed) > 0, f"{name} proposed nothing: the check saw no draft"
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_a_variant_keeps_greedy_output_and_the_target_distribution(variant, store, target, compiled, graphed,
+                                                                     tmp_path):
+    name, settings = VARIANTS[variant]
+    steps = []
+    for on in (target, compiled, graphed):
+        proposed: list[int] = []
+        make = counting_proposals(_maker(name, store, on, tmp_path, SamplingParams(), settings=settings), proposed)
+        steps.append([r.step_tokens for r in assert_greedy_lossless(on, make, GREEDY_PROMPTS, 24)])
+        assert sum(proposed) > 0, f"{variant} proposed nothing: the check saw no draft"
+    assert steps[2] == steps[1]  # each step a graph, poisoned after it: a spoiled draft shows here
+    params, proposed = SamplingParams(temperature=1.0), []
+    make = counting_proposals(_maker(name, store, target, tmp_path / "sampled", params, BigramModel(), settings),
+                              proposed)
+    assert_sampling_preserves_distribution(make, params, target=BigramTarget(), trials=1500, extra=2)
+    assert sum(proposed) > 0, f"{variant} proposed nothing: the check saw no draft"
 
 
 BATCH_PROMPTS = [*GREEDY_PROMPTS, [2, 3, 4, 2, 3], [7, 1, 7, 1, 7, 1, 6], [4, 4, 5, 4, 4]]
