@@ -5,9 +5,10 @@ The drafter (:mod:`specbench.drafting.dflash`) reads the target's hidden states 
 every verified position, and drafts the B − 1 tokens after the root at once: the block is the root followed by
 B − 1 mask tokens, embedded with the target's embedding; its final states go through the target's LM head,
 and each position's argmax is a guess (a chain, as vLLM verifies it). ``block`` caps the block below the
-drafter's own size; ``budget=auto`` trims the chain to what pays. The drafter is read from a directory or a
-hub repository in z-lab's or speculators' layout (:mod:`specbench.drafting.dflash_files`); training one here
-is not built yet.
+drafter's own size; ``budget=auto`` trims the chain to what pays. The drafter (``head``): ``auto`` reads the
+one the model preset names (``heads: dflash:``), else the one trained here (``trained``: ``make train-dflash``,
+:mod:`specbench.drafting.dflash_training`, kept in the cache beside the EAGLE heads); or a directory or a hub
+repository in z-lab's or speculators' layout (:mod:`specbench.drafting.dflash_files`).
 
 ``tree``: ``chain`` (the default) as above; ``best_first`` reads the block as DDTree does
 (:mod:`specbench.drafting.dflash_tree`): positions taken as independent, a tree of ``nodes`` guesses (0: as
@@ -43,7 +44,7 @@ from specbench.errors import ConfigError
 
 @dataclass
 class DFlashConfig:
-    head: str = ""  # the drafter: a directory or a hub repository (z-lab's or speculators' layout)
+    head: str = "auto"  # auto | trained | a directory | a hub repository (z-lab's or speculators' layout)
     block: int = 0  # the most tokens a block holds, the root included (0: the drafter's own block size)
     tree: str = "chain"  # chain: each position's guess; best_first: a tree over the positions' top-k (DDTree)
     nodes: int = 0  # best_first: the most guesses (0: as many as the chain has, B - 1 unless the depth is capped)
@@ -58,14 +59,13 @@ class DFlashConfig:
             raise ValueError(f"dflash: nodes must be >= 0 and top_k >= 1, got {self.nodes} and {self.top_k}")
 
 
-def drafter_dir(head: str, fetch: bool = True) -> Path:
-    """The drafter's directory: ``head`` itself, or a hub repository's snapshot (fetched, or from the cache)."""
-    from specbench.drafting.eagle_drafter import head_dir
+def drafter_dir(head: str, target: str, published: str | None = None, fetch: bool = True) -> Path:
+    """The drafter's directory, found as the EAGLE heads' are (:func:`~specbench.drafting.eagle_drafter.head_dir`):
+    ``auto`` the preset's published drafter (``published``) else the one trained here, ``trained``, a directory,
+    or a hub repository's snapshot (fetched, or from the cache)."""
+    from specbench.drafting.eagle_drafter import AUTO, head_dir
 
-    if head in ("", "auto", "trained"):  # no drafter is trained here yet, nor published for a preset
-        raise ConfigError("dflash: set method.head=<directory or hub repo> of a DFlash drafter for the model "
-                          "(z-lab's or speculators' layout); training one here is not built yet")
-    return head_dir(head, "", "dflash", fetch)
+    return head_dir(head or AUTO, target, "dflash", fetch, published)
 
 
 @register_method
@@ -82,7 +82,11 @@ class DFlash(Drafter):
 
     @classmethod
     def preflight(cls, config: DFlashConfig, run_cfg: Any) -> None:
-        read_shape(drafter_dir(config.head, fetch=False))
+        from specbench.drafting.eagle_drafter import published_head
+
+        path = drafter_dir(config.head, run_cfg.model.name, published_head(run_cfg.model, "dflash"), fetch=False)
+        if path != Path():  # a hub repository not in the cache: the run fetches it
+            read_shape(path)
 
     def __init__(self, config: DFlashConfig | None = None, **kwargs) -> None:
         super().__init__(config, **kwargs)
@@ -93,8 +97,12 @@ class DFlash(Drafter):
         self.embed, self.lm_head = target.get_input_embeddings(), target.get_output_embeddings()
         self.device = runs_on(self.lm_head)
         self.dtype = self.embed.weight.dtype
-        self.net = load_dflash(drafter_dir(self.config.head), text.vocab_size, text.num_hidden_layers,
-                               dtype=self.dtype, device=self.device)
+        from specbench.drafting.eagle_drafter import head_provenance
+
+        published = self.context.target_heads.get("dflash")
+        path = drafter_dir(self.config.head, self.context.target_name, published)
+        self.head_columns = head_provenance(self.config.head or "auto", path, published)
+        self.net = load_dflash(path, text.vocab_size, text.num_hidden_layers, dtype=self.dtype, device=self.device)
         if self.net.s.hidden != text.hidden_size:
             raise ConfigError(f"dflash: the drafter in {self.config.head} reads states of width {self.net.s.hidden}, "
                               f"the target's are {text.hidden_size}: it was trained for another model")
@@ -106,7 +114,7 @@ class DFlash(Drafter):
         self.start([])
 
     def provenance(self) -> dict[str, Any]:
-        return {"head": self.config.head}
+        return self.head_columns
 
     def spawn(self) -> DFlash:
         """Another request's drafter: the same network (shared weights), a context of its own."""

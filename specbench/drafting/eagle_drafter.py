@@ -94,6 +94,8 @@ def trained_head_dir(target: str, kind: str) -> Path:
 
 
 def train_command(target: str, kind: str) -> str:
+    if kind == "dflash":
+        return f"make train-dflash MODEL={target}"
     return f"make train-eagle-head MODEL={target}" + ("" if kind == "eagle" else f" KIND={kind}")
 
 

@@ -177,13 +177,26 @@ def test_what_the_harness_does_not_run_is_refused_in_one_line(tmp_path, change, 
     assert "\n" not in str(err.value)
 
 
-def test_a_run_without_a_drafter_or_with_a_wrong_one_stops_before_loading(tmp_path):
+def test_a_run_without_a_drafter_or_with_a_wrong_one_stops_before_loading(tmp_path, monkeypatch):
+    """No drafter trained (``head: auto``), or a folder holding none: one line naming the fix, before anything
+    loads; once one is trained where ``make train-dflash`` puts it, the same run plans."""
+    from specbench.drafting.dflash_files import random_dflash
+    from specbench.drafting.eagle_drafter import trained_head_dir
     from specbench.errors import ConfigError
     from specbench.run.job import plan
     from tests.run.test_config import make_cfg
 
-    with pytest.raises(ConfigError, match=re.escape("set method.head=<directory or hub repo> of a DFlash drafter")):
-        plan(make_cfg("experiment=smoke", "method=dflash"))
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    cfg = make_cfg("experiment=smoke", "method=dflash")
+    with pytest.raises(ConfigError, match=re.escape(f"train one with `make train-dflash MODEL={cfg.model.name}`")):
+        plan(cfg)
+    from transformers import LlamaConfig
+
+    shape = LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+                        num_hidden_layers=2, vocab_size=128)
+    random_dflash(shape, trained_head_dir(cfg.model.name, "dflash"))
+    plan(cfg)
+    plan(make_cfg("experiment=smoke", "method=dflash", "method.head=trained"))
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match="holds no config.json"):
         plan(make_cfg("experiment=smoke", "method=dflash", f"method.head={tmp_path / 'empty'}"))
