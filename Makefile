@@ -156,7 +156,7 @@ BENCH_METHODS ?= pld anpd lookahead-cpu spectra_core-cpu spectra_core-cpu:fixed 
                  spectra_retrieval-cpu:norefine spectra_retrieval-cpu:random spectra-cpu spectra-cpu:fixed spectra-cpu:random \
                  token_recycling-cpu sam_decoding-cpu suffix-cpu oracle \
                  lookahead spectra_core spectra_core:auto rest spectra spectra:auto token_recycling sam_decoding suffix \
-                 eagle-cpu:auto eagle3-cpu:auto medusa-cpu:auto sam_decoding-eagle-cpu:auto
+                 eagle-cpu:auto eagle3-cpu:auto medusa-cpu:auto sam_decoding-eagle-cpu:auto dflash-cpu:auto
 
 BENCH_REPEATS ?= 3
 bench: setup bench-stores bench-heads ## side-by-side speed benchmarks (bench/README.md; compare.py ~1 h per repeat on 2 cores, BENCH_REPEATS=3); DATA_DIR=<dir with gsm8k_test.jsonl> adds GSM8K
@@ -176,8 +176,8 @@ train-dflash: setup ## train a DFlash drafter for MODEL (default smollm2-135m) o
 	$(PY) -m specbench.eagle_head model=$(MODEL) --kind dflash $(DFLASH_ARGS) $(ARGS)
 
 # The heads bench/README's figures were measured with (epochs per kind); each is trained once, then kept.
-HEAD_EPOCHS ?= eagle=3 eagle3=2 medusa=2
-bench-heads: setup ## SmolLM2's EAGLE, EAGLE-3 and Medusa heads for the benchmark, trained where missing (~1 h on 2 cores)
+HEAD_EPOCHS ?= eagle=3 eagle3=2 medusa=2 dflash=3
+bench-heads: setup ## SmolLM2's EAGLE, EAGLE-3 and Medusa heads and DFlash drafter for the benchmark, trained where missing (~1 h on 2 cores)
 	for ke in $(HEAD_EPOCHS); do k=$${ke%%=*}; e=$${ke#*=}; \
 	  $(PY) -c "import sys; from specbench.drafting.eagle_drafter import trained_head_dir as d; \
 	    sys.exit(not (d('smollm2-135m', '$$k') / 'config.json').is_file())" || \
