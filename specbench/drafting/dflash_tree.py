@@ -25,34 +25,16 @@ out; no model.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
 
 import torch
 
-
-@dataclass
-class BestFirstTree:
-    """The tree in the order its nodes were added: ``parents[i]`` is -1 (the root) or an earlier index."""
-
-    tokens: list[int] = field(default_factory=list)
-    parents: list[int] = field(default_factory=list)
-    scores: list[float] = field(default_factory=list)
-    depths: list[int] = field(default_factory=list)
-    needs: list[int] = field(default_factory=list)  # the narrowest top-k that surely drafts the node too
+from specbench.drafting.dynamic_tree import Tree, top_rows
 
 
-def top_of(logprobs: torch.Tensor, top_k: int) -> tuple[list[list[float]], list[list[int]]]:
-    """Each position's ``top_k`` best log-probabilities and token ids ([D, V] in), read to the host in one
-    ``tolist`` (ids are exact as float32 up to 2^24)."""
-    lp, ids = logprobs.float().topk(min(top_k, logprobs.shape[-1]), dim=-1)
-    both = torch.stack([lp, ids.to(lp.dtype)]).tolist()
-    return both[0], [[int(t) for t in row] for row in both[1]]
-
-
-def grow(lps: list[list[float]], ids: list[list[int]], nodes: int) -> BestFirstTree:
+def grow(lps: list[list[float]], ids: list[list[int]], nodes: int) -> Tree:
     """The best-first tree of at most ``nodes`` nodes over positions whose best tokens are ``ids[k]`` with
     log-probabilities ``lps[k]`` (best first; row k is position k + 1, its length the top-k)."""
-    tree = BestFirstTree()
+    tree = Tree()
     frontier: list[tuple[float, int, float, int, int, int, int]] = []  # (-score, made, score, token, parent,
     made = 0  # depth, need): heapq pops the highest score, ties by the order made
 
@@ -67,17 +49,12 @@ def grow(lps: list[list[float]], ids: list[list[int]], nodes: int) -> BestFirstT
     children(-1, 0, 0.0, 1)
     while frontier and len(tree.tokens) < nodes:
         _, _, score, tok, parent, depth, need = heapq.heappop(frontier)
-        tree.tokens.append(tok)
-        tree.parents.append(parent)
-        tree.scores.append(score)
-        tree.depths.append(depth)
-        tree.needs.append(need)
-        children(len(tree.tokens) - 1, depth, score, need)
+        children(tree.add(tok, parent, score, need), depth, score, need)
     return tree
 
 
-def best_first(logprobs: torch.Tensor, nodes: int, top_k: int) -> BestFirstTree:
+def best_first(logprobs: torch.Tensor, nodes: int, top_k: int) -> Tree:
     """The tree of :func:`grow` from ``logprobs`` [D, V] (row k - 1: position k's log-probabilities)."""
     if nodes < 1 or logprobs.shape[0] == 0:
-        return BestFirstTree()
-    return grow(*top_of(logprobs, top_k), nodes)
+        return Tree()
+    return grow(*top_rows(logprobs.float(), top_k), nodes)

@@ -65,7 +65,7 @@ def grow_rows(roots: list[torch.Tensor], expand: Callable[[list[int], list[list[
     the rows still growing with their levels and returns each one's children's log-probabilities, so one draft
     forward serves every row's level, and the level of every row crosses from the device in one read."""
     trees, most = [Tree() for _ in roots], max(top_ks)
-    lp, ids = _top(torch.stack([r.float() for r in roots]), most)
+    lp, ids = top_rows(torch.stack([r.float() for r in roots]), most)
     levels, expanded = [], []
     for tree, row_lp, row_ids, k in zip(trees, lp, ids, top_ks, strict=True):
         level = [tree.add(t, -1, s, r + 1) for r, (t, s) in enumerate(zip(row_ids[:k], row_lp[:k], strict=True))]
@@ -76,7 +76,7 @@ def grow_rows(roots: list[torch.Tensor], expand: Callable[[list[int], list[list[
         if not live:
             break
         outs = expand(live, [levels[r] for r in live], [trees[r] for r in live])
-        lp, ids = _top(torch.cat([o.float() for o in outs]), most)  # [k, k] each, as host lists
+        lp, ids = top_rows(torch.cat([o.float() for o in outs]), most)  # [k, k] each, as host lists
         at = 0
         for r, out in zip(live, outs, strict=True):
             tree, k, made, cum = trees[r], top_ks[r], [], []
@@ -93,8 +93,9 @@ def grow_rows(roots: list[torch.Tensor], expand: Callable[[list[int], list[list[
     return trees
 
 
-def _top(logprobs: torch.Tensor, top_k: int) -> tuple[list[list[float]], list[list[int]]]:
-    """Each row's ``top_k`` best log-probabilities and their token ids, read to the host together."""
+def top_rows(logprobs: torch.Tensor, top_k: int) -> tuple[list[list[float]], list[list[int]]]:
+    """Each row's ``top_k`` best log-probabilities and their token ids, read to the host together (one ``tolist``;
+    ids are exact as float32 up to 2^24)."""
     lp, ids = logprobs.topk(min(top_k, logprobs.shape[-1]), dim=-1)
     both = torch.stack([lp, ids.to(lp.dtype)]).tolist()
     return both[0], [[int(t) for t in row] for row in both[1]]
