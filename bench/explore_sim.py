@@ -2,7 +2,7 @@
 modelled speed over plain decoding of drafters that never pay, pay a little, pay well, or start paying after a
 long stretch that did not, under settings of the planner's exploration and allowance constants.
 
-The loop is the tests' (``tests/budget/simulated.py``): a chain of guesses each right with a set chance, drafting
+The loop is the planner tests' (:mod:`specbench.budget.simulated`): a chain of guesses each right with a set chance, drafting
 seconds from a clock the run sets (a head-like drafter: 8 ms a draft plus 2 ms a level; a cheap one: 0.2 ms plus
 2 ms), forwards priced by a CPU-like curve (a plain step 20 ms). Each cell is the mean over ``--seeds`` texts of
 tokens ÷ modelled time in plain steps: 1.000 is plain decoding's speed. Deterministic: a reviewer gets the same
@@ -17,16 +17,11 @@ from __future__ import annotations
 import argparse
 import itertools
 import statistics
-import sys
 from collections import Counter
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' simulated loop
-
-import specbench.budget.acceptance as acceptance  # noqa: E402
-import specbench.budget.planner as planner  # noqa: E402
-from tests.budget.simulated import simulate  # noqa: E402
-from tests.budget.test_planner import calibrated, level_clock  # noqa: E402
+import specbench.budget.acceptance as acceptance
+import specbench.budget.planner as planner
+from specbench.budget.simulated import calibrated, level_clock, simulate
 
 HEAD, CHEAP, DEAR = (0.008, 0.002), (0.0002, 0.002), (0.02, 0.004)  # drafting seconds: a draft's fixed part,
 # each level's

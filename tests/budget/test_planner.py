@@ -1,4 +1,4 @@
-"""The decision rule under a clock the test controls (``tests/budget/simulated.py``): drafting that never pays
+"""The decision rule under a clock the test controls (:mod:`specbench.budget.simulated`): drafting that never pays
 stays within the allowance through cost spikes and a 30% drift, drafting that pays drafts, the depth and the
 top-k that pay best are the ones chosen, ``budget=static`` decides alike whatever the clock says, and the
 warm-up's calibration measures what drafting costs. Then ``budget=static`` through the runner."""
@@ -7,41 +7,21 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
 from specbench.budget.costs import CostModel
 from specbench.budget.drafting import DraftingCost
 from specbench.budget.planner import ALLOWANCE_FLOOR, EXPLORE_EVERY, AutoBudget
+from specbench.budget.simulated import CPU, calibrated, level_clock, simulate
 from specbench.core.draft import Draft
 from specbench.machine.costs import read_table
 from specbench.results.rows import load_results
 from specbench.run.runner import run
-from tests.budget.simulated import simulate
 from tests.run.test_config import make_cfg
-
-# a CPU-like curve: a plain step 20 ms, each guess verified 0.5-1 ms more
-CPU = CostModel(qs=[1, 2, 4, 8, 16], contexts=[0], seconds=[[0.020, 0.021, 0.023, 0.027, 0.035]])
-
-
-def level_clock(base: float = 0.0002, per_level: float = 0.002, stopped: float = 0.0001, drift: float = 0.0,
-                spikes: int = 0, steps: int = 1):
-    """Drafting seconds: ``base + per_level × depth``, growing by ``drift`` over ``steps`` steps, doubled every
-    ``spikes``-th step; ``stopped`` for a step that drafts nothing."""
-    def clock(step: int, depth: int, top_k: int = 0) -> float:
-        if not depth:
-            return stopped
-        spike = 2.0 if spikes and step % spikes == 0 else 1.0
-        return (base + per_level * depth) * (1 + drift * step / steps) * spike
-    return clock
-
-
-def calibrated(clock, depth=5, top_k=0, static=False, catches_up=False, **kw) -> AutoBudget:
-    """A planner starting from the drafting table a warm-up generation measured with ``clock`` (as a run's)."""
-    warm = AutoBudget(CPU, calibrating=True, catches_up=catches_up)
-    simulate(warm, 16, 0.5, clock, depth=depth, top_k=top_k, rank=lambda rng: 0)
-    return AutoBudget(CPU, drafting=warm.drafting.copy(frozen=static), static=static, catches_up=catches_up, **kw)
 
 
 def test_drafting_that_never_pays_stays_within_the_allowance_through_spikes_and_drift():
@@ -196,9 +176,10 @@ def test_an_uncalibrated_first_draft_is_the_only_step_that_can_overrun():
 # ----------------------------------------------------------------------------- budget=static through the runner
 
 
-def test_budget_static_runs_decide_alike_and_share_one_stored_table(tmp_path, monkeypatch):
+def test_budget_static_runs_decide_alike_and_share_one_stored_table(tmp_path, monkeypatch, capsys):
     """Two sampled runs of a preset under budget=static on one machine: the first measures and stores the drafting
-    table, the second reads it; their plans, tokens and steps are equal."""
+    table, the second reads it; their plans, tokens and steps are equal; ``bench/prediction_error.py`` tables the
+    plans' predictions against the steps."""
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
     base = ("experiment=smoke", "method=spectra_core-cpu", "budget=static", "temperature=1", "progress=false")
     for name in ("one", "two"):
@@ -211,6 +192,16 @@ def test_budget_static_runs_decide_alike_and_share_one_stored_table(tmp_path, mo
     path = mine[0].drafting_table.iloc[0]
     assert mine[1].drafting_table.iloc[0] == path and read_table(__import__("pathlib").Path(path)) is not None
     assert json.loads(mine[0].budget_calibration.iloc[0]) == json.loads(mine[1].budget_calibration.iloc[0])
+    # bench/prediction_error.py reads the plans' predictions against what each step measured
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import prediction_error
+
+    kinds = prediction_error.ratios(mine[0])
+    assert kinds and all(s > 0 and t > 0 for pairs in kinds.values() for s, t in pairs)
+    monkeypatch.setattr(sys, "argv", ["prediction_error.py", str(tmp_path / "one")])
+    prediction_error.main()
+    out = capsys.readouterr().out
+    assert ":static: 2 generations; cost curve" in out and out.count("seconds ×") == len(kinds) + 1, out[-600:]
 
 
 def test_acceptance_is_learned_afresh_with_each_dataset_category(tmp_path, monkeypatch):

@@ -1,6 +1,7 @@
 """A decode loop without a model, for the planner: drafts whose guesses are right with a set chance, drafting
-seconds from a clock the test sets (drift, spikes), the forward priced by the curve. What the planner decides,
-and what the run lost, can then be asserted exactly, and no test waits on the wall clock."""
+seconds from a clock the caller sets (drift, spikes), the forward priced by a curve. What the planner decides,
+and what the run lost, can then be asserted exactly (the planner's tests) or tabled (``bench/explore_sim.py``),
+and nothing waits on the wall clock."""
 
 from __future__ import annotations
 
@@ -8,8 +9,12 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from specbench.budget.costs import CostModel
 from specbench.budget.planner import AutoBudget
 from specbench.core.draft import Draft
+
+# a CPU-like curve: a plain step 20 ms, each guess verified 0.5-1 ms more
+CPU = CostModel(qs=[1, 2, 4, 8, 16], contexts=[0], seconds=[[0.020, 0.021, 0.023, 0.027, 0.035]])
 
 
 @dataclass
@@ -68,3 +73,23 @@ def simulate(planner: AutoBudget, steps: int, accept: float | Callable[[int], fl
         run.over.append(planner.regret - planner.allowance())
     planner.finish(text[: pos + 1])
     return run
+
+
+def level_clock(base: float = 0.0002, per_level: float = 0.002, stopped: float = 0.0001, drift: float = 0.0,
+                spikes: int = 0, steps: int = 1):
+    """Drafting seconds: ``base + per_level × depth``, growing by ``drift`` over ``steps`` steps, doubled every
+    ``spikes``-th step; ``stopped`` for a step that drafts nothing."""
+    def clock(step: int, depth: int, top_k: int = 0) -> float:
+        if not depth:
+            return stopped
+        spike = 2.0 if spikes and step % spikes == 0 else 1.0
+        return (base + per_level * depth) * (1 + drift * step / steps) * spike
+    return clock
+
+
+def calibrated(clock, depth=5, top_k=0, static=False, catches_up=False, cost: CostModel = CPU, **kw) -> AutoBudget:
+    """A planner on ``cost`` starting from the drafting table a warm-up generation measured with ``clock`` (as a
+    run's)."""
+    warm = AutoBudget(cost, calibrating=True, catches_up=catches_up)
+    simulate(warm, 16, 0.5, clock, depth=depth, top_k=top_k, rank=lambda rng: 0)
+    return AutoBudget(cost, drafting=warm.drafting.copy(frozen=static), static=static, catches_up=catches_up, **kw)
