@@ -20,6 +20,7 @@ import statistics
 from collections import Counter
 
 import specbench.budget.acceptance as acceptance
+import specbench.budget.drafting as drafting
 import specbench.budget.planner as planner
 from specbench.budget.simulated import calibrated, level_clock, simulate
 
@@ -87,6 +88,20 @@ def losses() -> None:
             print(f"{label + ' ' + str(costs):38} {steps:6d}  {sum(tally.lost.values()):.2f}: {kinds}")
 
 
+def homes(name: str) -> list:
+    """The planner's modules that read constant ``name`` (WINDOW: the drafting fit's, the acceptance counts', the
+    options table's and, through FADE, the realism's)."""
+    return [m for m in (planner, acceptance, drafting) if hasattr(m, name)]
+
+
+def put(name: str, value) -> None:
+    """``name`` set to ``value`` wherever the planner reads it (FADE follows WINDOW)."""
+    for module in homes(name):
+        setattr(module, name, value)
+    if name == "WINDOW":
+        planner.FADE = 1 - 1 / value
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--set", action="append", default=[], metavar="NAME=V1,V2",
@@ -98,16 +113,15 @@ def main() -> None:
     args = ap.parse_args()
     if args.losses:
         return losses()
-    grid, home = {}, {}
+    grid = {}
     for item in args.set:
         name, _, values = item.partition("=")
-        home[name] = next((m for m in (planner, acceptance) if name.isupper() and hasattr(m, name)), None)
-        if home[name] is None or not values:
-            raise SystemExit(f"--set {item}: name a constant of specbench/budget/planner.py or acceptance.py and "
-                             "its values, e.g. EXPLORE_EVERY=16,32")
-        grid[name] = [type(getattr(home[name], name))(v) for v in values.split(",")]
+        if not (name.isupper() and homes(name)) or not values:
+            raise SystemExit(f"--set {item}: name a constant of specbench/budget/planner.py, acceptance.py or "
+                             "drafting.py and its values, e.g. EXPLORE_EVERY=16,32")
+        grid[name] = [type(getattr(homes(name)[0], name))(v) for v in values.split(",")]
     columns = [dict(zip(grid, combo, strict=True)) for combo in itertools.product(*grid.values())] or [{}]
-    saved = {name: getattr(home[name], name) for name in grid}
+    saved = {name: getattr(homes(name)[0], name) for name in grid}
     labels = [" ".join(f"{k}={v}" for k, v in c.items()) or "as shipped" for c in columns]
     width = [max(9, len(label)) for label in labels]
     print(f"{'case':38} " + " ".join(f"{label:>{w}}" for label, w in zip(labels, width, strict=True)))
@@ -116,12 +130,12 @@ def main() -> None:
             cells = []
             for column in columns:
                 for k, v in column.items():
-                    setattr(home[k], k, v)
+                    put(k, v)
                 cells.append(speed(chance, steps, costs, before, args.seeds))
             print(f"{name:38} " + " ".join(f"{x:{w}.4f}" for x, w in zip(cells, width, strict=True)), flush=True)
     finally:
         for k, v in saved.items():
-            setattr(home[k], k, v)
+            put(k, v)
 
 
 if __name__ == "__main__":

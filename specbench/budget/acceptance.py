@@ -22,6 +22,7 @@ MAX_RANK = 4  # sibling ranks counted apart, 0-3 and "4 or more": a first guess 
 PRIOR = 2.0  # guesses' weight of a coarser key's rate in a finer key's: a key never seen starts at its source's
 BASE_RATE = 0.25  # a source never seen: a first guess in four follows a right parent (each next sibling half as
 # often): enough for a cheap draft to be tried, not for a wide one
+SIBLING_DECAY = 2.0  # … each next sibling of a source never seen SIBLING_DECAY times less often than the one before
 
 
 def positions(draft: Draft) -> list[tuple[int, int]]:
@@ -54,7 +55,7 @@ class AcceptanceStats:
         key = (source, depth, rank)
         if key not in self._rates:
             base, _, pool = source.partition("@")
-            r = self.rate(base, depth, rank) if pool else BASE_RATE / 2**rank
+            r = self.rate(base, depth, rank) if pool else BASE_RATE / SIBLING_DECAY**rank
             keys = ((source,), (source, depth), key)
             for k, finer in zip(keys, (*keys[1:], None), strict=True):  # each guess counted once: a key's rate
                 n, a = self.drafted[k], self.accepted[k]  # on the guesses its finer key did not count

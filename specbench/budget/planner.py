@@ -29,6 +29,12 @@ ALLOWANCE_FLOOR = 2.0  # … plus this many plain steps: room for a first draft 
 SPIKE = 2.0  # an option's worst case counts its drafting at this multiple of the modelled seconds
 TRUST = 8.0  # guesses expected and accepted alike that the realism starts from: one bad draft moves it little
 FADE = 1 - 1 / WINDOW  # what each step keeps of the realism's record: the last ~32 steps, so a low one recovers
+WAIT_GROWTH = 2  # the wait before a probe grows this many times per plain step's worth probes lost since one
+# paid: what probing loses grows as the log of the run (tests/budget/test_planner.py, 5,000 steps)
+PROBE_STEP = 1  # a probe drafts this many levels past the rule's choice: the nearest depth its table does not know
+FRESH_SAMPLES = 2  # an option's sample after a probe or the method's own new draft weighs at least 1/(2 + 1): a
+# table entry built while it did not pay moves within a few samples once it does
+STATIC_SPIKE = 1.0  # budget=static prices a forced step's drafting at its stored table's seconds: no clock, no spike
 WHY = ("first", "chosen", "explored", "plain", "calibrating")  # what decided a step (AutoBudget.why)
 
 
@@ -168,7 +174,7 @@ class AutoBudget:
         own, plain = (None, None, None), (0, None, None)
         if self.skipped < self._quiet and self.regret + self._need > self.allowance():
             return plain, "plain"  # nothing learned since, and no more room: plain until the next exploration
-        t1, wait = self.cost(1, self._context), EXPLORE_EVERY * 2 ** min(self.explored, 64)  # 2⁶⁴: never
+        t1, wait = self.cost(1, self._context), EXPLORE_EVERY * WAIT_GROWTH ** min(self.explored, 64)  # 2⁶⁴: never
         self._need, self._quiet = float("inf"), 0
         if not self.options:  # nothing measured: the method's own draft, if drafting it cannot break the cap
             own_cost = self.drafting(self.deepest or self.drafting.deepest or 1, self.top_k or self.drafting.widest,
@@ -187,7 +193,7 @@ class AutoBudget:
                     best, top = (d, w, a), rank
                 else:  # it would pay better, but the regret has no room for it yet: the room it needs
                     self._need = min(self._need, loss)
-        depth = min(self.deepest, (best[0] if best else 0) + 1)  # the probe: one level past the rule's choice,
+        depth = min(self.deepest, (best[0] if best else 0) + PROBE_STEP)  # the probe: past the rule's choice,
         probe = self.options.get((depth, self.top_k, self.pool))  # at the method's own top-k and pool
         if (self.skipped >= wait and best != (depth, self.top_k, self.pool) and probe and self._fits(
                 self.cost(1 + probe[2] + probe[3], self._context) + SPIKE * self.drafting(depth, self.top_k,
@@ -237,7 +243,7 @@ class AutoBudget:
         t1, spent = self.cost(1, self._context), self._spent()
         room = float("inf")  # the most a forced step's forward may take (drafting may reach SPIKE × the model)
         if self.why[-1] in ("first", "explored"):
-            room = t1 * (1 + self.allowance() - self.regret) - (1 if self.static else SPIKE) * spent
+            room = t1 * (1 + self.allowance() - self.regret) - (STATIC_SPIKE if self.static else SPIKE) * spent
         per = self._weigh(draft, spent, self._caps[:2])
         caps = (self._caps[0] or self.deepest, self._caps[1] or self.top_k)
         self._learn(draft, per, caps)
@@ -330,7 +336,7 @@ class AutoBudget:
                         continue
                     entry = self.options.setdefault((d, w, a), [0, 0.0, 0.0, 0.0])
                     fresh = beyond is not None or (self.why[-1] == "explored" and len(draft))
-                    entry[0] = (min(entry[0], 2) if fresh else entry[0]) + 1
+                    entry[0] = (min(entry[0], FRESH_SAMPLES) if fresh else entry[0]) + 1
                     v, at = max(1 / WINDOW, 1 / entry[0]), min(d, len(gain) - 1)
                     for j, x in ((1, gain[at]), (2, count[at]), (3, aux_count(draft, a))):
                         entry[j] += v * (x - entry[j])

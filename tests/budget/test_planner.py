@@ -366,5 +366,15 @@ def test_the_exploration_study_reads_the_planners_trade(capsys, monkeypatch):
     assert float(row[-2]) == pytest.approx(never, abs=1e-4) and float(row[-1]) > never  # rarer probes lose less
     assert planner.EXPLORE_EVERY == EXPLORE_EVERY
     monkeypatch.setattr(sys, "argv", ["explore_sim.py", "--set", "EXPLORE_SOMETIMES=3"])
-    with pytest.raises(SystemExit, match="name a constant of specbench/budget/planner.py or acceptance.py"):
+    with pytest.raises(SystemExit, match="name a constant of specbench/budget/planner.py, acceptance.py or"):
         explore_sim.main()
+    import specbench.budget.acceptance as acceptance
+    import specbench.budget.drafting as drafting
+
+    window, fade = planner.WINDOW, planner.FADE
+    try:  # WINDOW reaches every module that reads it, and the realism's fade follows it
+        explore_sim.put("WINDOW", 8)
+        assert planner.WINDOW == acceptance.WINDOW == drafting.WINDOW == 8 and planner.FADE == 1 - 1 / 8
+    finally:
+        explore_sim.put("WINDOW", window)
+    assert planner.FADE == fade and drafting.WINDOW == window
