@@ -22,6 +22,7 @@ the published format, fetched when the hub is reachable.
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -121,8 +122,9 @@ def head_dir(head: str, target: str, kind: str, fetch: bool = True, published: s
         if not (path / "config.json").is_file():
             raise ConfigError(f"{kind}: {path} holds no config.json: point method.head at a head's directory")
         return path
-    if head.count("/") != 1:
-        raise ConfigError(f"{kind}: head '{head}' is neither a directory nor a hub repository (owner/name)")
+    if not re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", head):  # a path that is not there, or no repository name
+        raise ConfigError(f"{kind}: head '{head}' is neither a directory that exists nor a hub repository "
+                          "(owner/name): point method.head at a head's directory, a hub repository, or trained")
     return hub_head(head, kind, fetch)
 
 

@@ -200,3 +200,17 @@ def test_a_run_without_a_drafter_or_with_a_wrong_one_stops_before_loading(tmp_pa
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match="holds no config.json"):
         plan(make_cfg("experiment=smoke", "method=dflash", f"method.head={tmp_path / 'empty'}"))
+
+
+def test_a_missing_head_path_stops_a_run_before_any_model_loads(monkeypatch):
+    """``method.head=/nonexistent`` (a path, not an owner/name repository): refused by the plan, in one line,
+    before the model loads or the cost curve is timed, for an EAGLE head and for a DFlash drafter alike."""
+    from specbench.errors import ConfigError
+    from specbench.run import job
+    from tests.run.test_config import make_cfg
+
+    monkeypatch.setattr(job, "load_model", lambda *a, **k: pytest.fail("the model loaded"), raising=False)
+    for method in ("eagle-cpu", "dflash-cpu"):
+        with pytest.raises(ConfigError, match="neither a directory that exists nor a hub repository") as err:
+            job.plan(make_cfg("experiment=smoke", f"method={method}", "method.head=/nonexistent"))
+        assert "\n" not in str(err.value)

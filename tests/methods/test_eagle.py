@@ -277,8 +277,9 @@ def test_head_errors_name_the_fix(tmp_path, monkeypatch):
         head_dir("auto", "smollm2-135m", "eagle3")
     with pytest.raises(ConfigError, match="unreachable"):
         head_dir("yuhuili/EAGLE-Vicuna-7B-v1.3", "vicuna-7b", "eagle")  # the tests' hub is offline
-    with pytest.raises(ConfigError, match="neither a directory nor a hub repository"):
-        head_dir("no-such-dir", "m", "eagle")
+    for missing in ("no-such-dir", "/no/such-dir", "/nonexistent", "./heads/eagle", "~/gone/head"):
+        with pytest.raises(ConfigError, match="neither a directory that exists nor a hub repository"):
+            head_dir(missing, "m", "eagle", fetch=False)  # before any load: a run's preflight
     save_head(EagleHead(tiny_config("eagle")), tmp_path / "h")
     with pytest.raises(ConfigError, match="for another model"):
         load_head(tmp_path / "h", target_config(hidden=32))
