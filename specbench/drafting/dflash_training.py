@@ -60,13 +60,20 @@ def block_states(net: DFlashNet, embed, features: torch.Tensor, ids: torch.Tenso
     return hidden.view(n, s.block, -1)
 
 
+@torch.no_grad()
+def choices(feats: dict[int, torch.Tensor], lm_weight: torch.Tensor) -> torch.Tensor:
+    """[T]: the target's own choice after each position (the argmax of its final states through its LM head)."""
+    return F.linear(feats[-1], lm_weight).argmax(-1)
+
+
 def block_loss(net: DFlashNet, lm_weight: torch.Tensor, embed, ids: torch.Tensor, feats: dict[int, torch.Tensor],
-               layers: tuple[int, ...], anchors: torch.Tensor, gamma: float = 0.0
+               layers: tuple[int, ...], anchors: torch.Tensor, gamma: float = 0.0, chosen: torch.Tensor | None = None
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The loss of one sequence's blocks at ``anchors``, then per block position k = 1 … B − 1 (columns) and
     anchor (rows): whether the drafter's argmax equals the target's, and whether the position is judged (its
     token exists). ``feats[i]``: the target's hidden states ``i`` (``layers``: the tapped ones, in order; the
-    output of layer t is states t + 1) and ``feats[-1]`` its final states (the label's source)."""
+    output of layer t is states t + 1) and ``feats[-1]`` its final states (the labels' source; ``chosen``: the
+    labels already read from them, :func:`choices`)."""
     b, length = net.s.block, ids.shape[0]
     features = torch.cat([feats[i] for i in layers], -1).to(net.fc.weight.dtype)
     hidden = block_states(net, embed, features, ids, anchors)[:, 1:]  # position k predicts token a + k
@@ -75,10 +82,9 @@ def block_loss(net: DFlashNet, lm_weight: torch.Tensor, embed, ids: torch.Tensor
     n = anchors.numel()
     judged = where[:, 1:] < length
     source = where[:, 1:].clamp(max=length - 1) - 1  # the target's row that predicts token a + k
-    with torch.no_grad():
-        truth = F.linear(feats[-1][source.reshape(-1)], lm_weight).argmax(-1).view(n, b - 1)
-    logits = F.linear(hidden.float(), lm_weight)
-    ce = F.cross_entropy(logits.transpose(1, 2), truth, reduction="none")  # [n, B - 1]
+    truth = (chosen if chosen is not None else choices(feats, lm_weight))[source]
+    logits = F.linear(hidden.reshape(n * (b - 1), -1).float(), lm_weight).view(n, b - 1, -1)  # 2-D: one product
+    ce = F.cross_entropy(logits.flatten(0, 1), truth.flatten(), reduction="none").view(n, b - 1)
     weight = torch.ones(b - 1) if not gamma else torch.exp(-(offsets[1:] - 1).float() / gamma)
     weight = weight[None, :] * judged
     loss = (ce * weight).sum() / weight.sum().clamp_min(1e-9)
@@ -92,8 +98,9 @@ def accepted(right: torch.Tensor, judged: torch.Tensor) -> torch.Tensor:
     return ok.sum(-1)
 
 
-def evaluate(net: DFlashNet, lm_weight, embed, data, layers, anchors: int, gamma: float = 0.0) -> dict:
-    """Held-out figures on the same anchors every time (seeded per sequence)."""
+def evaluate(net: DFlashNet, lm_weight, embed, data, layers, anchors: int, gamma: float = 0.0, labels=None) -> dict:
+    """Held-out figures on the same anchors every time (seeded per sequence); ``labels(i)``: sequence i's
+    :func:`choices`, kept across epochs."""
     total, rights, judged_all, accepts = 0.0, [], [], []
     with torch.no_grad():
         for i, entry in enumerate(data):
@@ -101,7 +108,8 @@ def evaluate(net: DFlashNet, lm_weight, embed, data, layers, anchors: int, gamma
             at = anchors_of(ids.shape[0], start, anchors, torch.Generator().manual_seed(i))
             if at.numel() == 0:
                 continue
-            loss, right, judged = block_loss(net, lm_weight, embed, ids, feats, layers, at, gamma)
+            loss, right, judged = block_loss(net, lm_weight, embed, ids, feats, layers, at, gamma,
+                                             labels(i) if labels else None)
             total += float(loss)
             rights.append(right.sum(0))
             judged_all.append(judged.sum(0))
@@ -119,16 +127,26 @@ def train(net: DFlashNet, lm_weight: torch.Tensor, embed, train_set, heldout_set
     """Fit ``net`` (the shared loop: :func:`specbench.drafting.eagle_training.fit`); the state's history holds the
     held-out loss, each block position's agreement and the mean accepted guesses per epoch."""
     gen = torch.Generator().manual_seed(seed)
+    kept: dict[tuple[int, int], torch.Tensor] = {}  # (split, sequence): the target's choices, read once
+
+    def labels(split: int, data):
+        def of(i: int) -> torch.Tensor:
+            if (split, i) not in kept:
+                kept[split, i] = choices(item(data[i])[1], lm_weight)
+            return kept[split, i]
+        return of
+
+    train_labels, heldout_labels = labels(0, train_set), labels(1, heldout_set)
 
     def step_loss(i, _rng):
         ids, feats, start = item(train_set[i])
         at = anchors_of(ids.shape[0], start, anchors, gen)
         if at.numel() == 0:
             return None
-        return block_loss(net, lm_weight, embed, ids, feats, layers, at, gamma)[0]
+        return block_loss(net, lm_weight, embed, ids, feats, layers, at, gamma, train_labels(i))[0]
 
     def evaluate_now():
-        return evaluate(net, lm_weight, embed, heldout_set, layers, anchors, gamma)
+        return evaluate(net, lm_weight, embed, heldout_set, layers, anchors, gamma, heldout_labels)
 
     return fit(net, len(train_set), step_loss, evaluate_now, epochs=epochs, lr=lr, seed=seed, state=state,
                on_epoch=on_epoch, desc="dflash drafter", progress=progress)
