@@ -68,12 +68,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-import yaml
 from baseline import hf_generate  # bench/ is on sys.path when a script here runs
 from omegaconf import OmegaConf
-from prompts import dataset_prompts  # bench/ is on sys.path when a script here runs
+from prompts import dataset_prompts, preset  # bench/ is on sys.path when a script here runs
 
-from methods.registry import build_method_config, get_method
+from methods.registry import get_method
 from specbench.budget.costs import CostModel
 from specbench.budget.planner import AutoBudget
 from specbench.core.acceptance import SamplingParams
@@ -90,9 +89,7 @@ from specbench.provenance import environment_info
 from specbench.results.metrics import mac_tp, mic_tp
 from specbench.results.stats import bootstrap_interval, share_interval, speedup_ratio
 from specbench.results.table import format_interval
-from specbench.run.config import load_preset
 from specbench.stores.datastore import Datastore
-from specbench.stores.naming import RANDOM_SUFFIX
 
 ENGINES = ("llama.cpp",)  # --engines: peer engines run beside ours (specbench.peers)
 ENGINE_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
@@ -118,35 +115,6 @@ def on_the_line(sp: dict[str, float]) -> str:
 DEFAULT_METHODS = ["pld", "anpd", "lookahead-cpu", "lookahead", "spectra_core-cpu", "spectra_core"]
 DEFAULT_STORES = {"humaneval": "stdlib", "mbpp": "stdlib", "classeval": "stdlib", "mtbench": "chat", "gsm8k": "chat",
                   "spec_bench": "chat"}
-
-
-def preset(name: str, run_cfg=None, store: str | None = None):
-    """A preset's method, config and budget; ``<preset>:norefine`` reads the unrefined store,
-    ``<preset>:random`` the refined store's matched-size random control, ``<preset>:auto`` /
-    ``<preset>:fixed`` set the budget (default: the preset's). Retrieval presets get ``store`` and are
-    checked against ``run_cfg`` as a run checks them (preflight). ``,key=value`` after it sets a field
-    (``eagle3-cpu:auto,head=<dir>``: another head)."""
-    name, *fields = name.split(",")
-    base, _, variant = name.partition(":")
-    method, cfg, preset_budget = load_preset(base)
-    for field in fields:
-        key, eq, value = field.partition("=")
-        if not eq:
-            raise SystemExit(f"{name}: fields are given as ,key=value")
-        cfg[key] = yaml.safe_load(value)
-    if variant not in ("", "norefine", "random", "auto", "static", "fixed"):
-        raise SystemExit(f"{name}: the variants are <preset>:norefine, :random, :auto, :static and :fixed")
-    budget = variant if variant in ("auto", "static", "fixed") else preset_budget or "fixed"
-    if cfg.get("datastore") and store:  # presets without a store (sam_decoding) keep none
-        cfg["datastore"] = store
-    if variant in ("norefine", "random"):
-        cfg["refine"] = False
-    if variant == "random":
-        cfg["datastore"] = cfg["datastore"] + RANDOM_SUFFIX
-    config = build_method_config(method, cfg, budget)
-    if run_cfg is not None:
-        get_method(method).preflight(config, run_cfg)
-    return method, config, budget
 
 
 def store_facts(path) -> str:

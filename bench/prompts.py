@@ -1,14 +1,19 @@
-"""The benchmark scripts' prompts: a dataset's first samples, built as a run builds turn 1."""
+"""The benchmark scripts' prompts and presets: a dataset's first samples, built as a run builds turn 1, and a preset as
+the scripts name it (``<preset>:<budget>,key=value``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import yaml
 from omegaconf import OmegaConf
 
+from methods.registry import build_method_config, get_method
 from specbench.data import get_dataset, select
 from specbench.errors import DatasetUnavailableError
 from specbench.paths import CONF_DIR
+from specbench.run.config import load_preset
+from specbench.stores.naming import RANDOM_SUFFIX
 
 
 def dataset_prompts(name: str, tokenizer, model_cfg, *, limit: int, offset: int = 0, path: str | None = None):
@@ -33,15 +38,41 @@ def dataset_prompts(name: str, tokenizer, model_cfg, *, limit: int, offset: int 
     return ds_cfg, [ddef.build_prompt(tokenizer, s, 0, [], ds_cfg, chat) for s in samples]
 
 
+def preset(name: str, run_cfg=None, store: str | None = None):
+    """A preset's method, config and budget; ``<preset>:norefine`` reads the unrefined store,
+    ``<preset>:random`` the refined store's matched-size random control, ``<preset>:auto`` /
+    ``<preset>:fixed`` set the budget (default: the preset's). Retrieval presets get ``store`` and are
+    checked against ``run_cfg`` as a run checks them (preflight). ``,key=value`` after it sets a field
+    (``eagle3-cpu:auto,head=<dir>``: another head)."""
+    name, *fields = name.split(",")
+    base, _, variant = name.partition(":")
+    method, cfg, preset_budget = load_preset(base)
+    for field in fields:
+        key, eq, value = field.partition("=")
+        if not eq:
+            raise SystemExit(f"{name}: fields are given as ,key=value")
+        cfg[key] = yaml.safe_load(value)
+    if variant not in ("", "norefine", "random", "auto", "static", "fixed"):
+        raise SystemExit(f"{name}: the variants are <preset>:norefine, :random, :auto, :static and :fixed")
+    budget = variant if variant in ("auto", "static", "fixed") else preset_budget or "fixed"
+    if cfg.get("datastore") and store:  # presets without a store (sam_decoding) keep none
+        cfg["datastore"] = store
+    if variant in ("norefine", "random"):
+        cfg["refine"] = False
+    if variant == "random":
+        cfg["datastore"] = cfg["datastore"] + RANDOM_SUFFIX
+    config = build_method_config(method, cfg, budget)
+    if run_cfg is not None:
+        get_method(method).preflight(config, run_cfg)
+    return method, config, budget
+
+
 def one_preset(description: str, method: str, extra=()):
     """What a script that decodes one preset against autoregressive decoding reads and loads: its arguments
     (``--model --dtype --method --dataset --data --prompts --max-new-tokens``, and ``extra``: (flag, type,
     default) triples), the model, the prompts, the preset's drafter and method name, and plain decoding's."""
     import argparse
 
-    from compare import preset  # bench/ is on sys.path when a script here runs
-
-    from methods.registry import get_method
     from specbench.core.acceptance import SamplingParams
     from specbench.core.draft import DrafterContext
     from specbench.models import load_model

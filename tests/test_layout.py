@@ -1,7 +1,8 @@
 """The package layout is the architecture: layers import downwards only, no import cycle, methods stay apart.
 
 Every ``import`` in ``specbench/`` and ``methods/`` is read (those inside functions too), so a cycle
-hidden in a function body fails here as well.
+hidden in a function body fails here as well; ``bench/``'s scripts are checked for cycles among themselves and
+for reading the tests.
 """
 
 from __future__ import annotations
@@ -113,8 +114,8 @@ def test_imports_point_downwards():
     assert not wrong, "\n".join(sorted(wrong))
 
 
-def test_no_import_cycle():
-    """Tarjan's strongly connected components over every import, those inside functions included."""
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components of more than one module."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -125,7 +126,7 @@ def test_no_import_cycle():
         index[v] = low[v] = len(index)
         stack.append(v)
         on_stack.add(v)
-        for w in GRAPH[v]:
+        for w in graph[v]:
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])
@@ -142,12 +143,46 @@ def test_no_import_cycle():
             if len(comp) > 1:
                 cycles.append(sorted(comp))
 
-    for v in sorted(GRAPH):
+    for v in sorted(graph):
         if v not in index:
             visit(v)
+    return cycles
+
+
+def test_no_import_cycle():
+    """Every import, those inside functions included."""
     # a package __init__ that imports its own modules, which import the package, is not a cycle of design
-    cycles = [c for c in cycles if not _only_package_init(c)]
+    cycles = [c for c in _cycles(GRAPH) if not _only_package_init(c)]
     assert not cycles, f"import cycles: {cycles}"
+
+
+BENCH = {p.stem: p for p in ROOT.joinpath("bench").glob("*.py")}
+READS_TESTS = {"host_traffic"}  # it tables the simulated GPUs' traffic, which the tests' simulator defines
+
+
+def _bench_imports(path: Path) -> set[str]:
+    """The top-level modules a bench script imports (bench/ is on its path: its neighbours by bare name)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+def test_bench_scripts_import_no_cycle_and_no_tests():
+    """bench/'s scripts import each other without a cycle (in function bodies too), and read nothing from the
+    tests (but :data:`READS_TESTS`, named with why)."""
+    imports = {name: _bench_imports(path) for name, path in BENCH.items()}
+    graph = {name: {t for t in targets if t in BENCH and t != name} for name, targets in imports.items()}
+    assert not _cycles(graph), f"import cycles in bench/: {_cycles(graph)}"
+    readers = {name for name, targets in imports.items() if "tests" in targets}
+    assert readers == READS_TESTS, f"bench/ scripts reading tests/: {sorted(readers)}"
+
+
+def test_the_bench_check_sees_a_cycle():
+    assert _cycles({"compare": {"prompts"}, "prompts": {"compare"}, "baseline": set()}) == [["compare", "prompts"]]
 
 
 def _only_package_init(comp: list[str]) -> bool:
