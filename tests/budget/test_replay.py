@@ -26,6 +26,22 @@ def run(case, lm, sampling, store, heads, planner, tokens=24):  # noqa: F811
                     eos_token_ids=(), generator=torch.Generator().manual_seed(3), planner=planner)
 
 
+class Careless(Replay):
+    """A replay that reads the record's length but applies none of its plans: every step drafts and verifies all."""
+
+    def cap(self) -> None:
+        self._current()
+
+    @property
+    def width_cap(self) -> None:
+        return None
+
+    def plan(self, draft, tokens):
+        self._current()
+        self.step += 1
+        return draft
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("case", ["pld", "spectra_core", "eagle3", "sam_decoding-eagle"])
 def test_a_replay_gives_the_recorded_tokens_and_steps(case, temperature, saved, store, heads):  # noqa: F811
@@ -37,6 +53,14 @@ def test_a_replay_gives_the_recorded_tokens_and_steps(case, temperature, saved, 
     assert len(plans) == recorded.steps - 1 and all({"depth", "top_k", "n", "keep", "aux", "why"} <= set(p) for p in plans)
     assert any(p["keep"] is None or p["keep"] or p["aux"] for p in plans)  # it verified guesses or sent a pool
     assert all(p["pred_tokens"] >= 1 and p["pred_s"] >= CURVE(1, 0) * 0.99 for p in plans)  # expected, beside measured
+    if not temperature and case in ("eagle3", "sam_decoding-eagle"):  # a stopped step and a trimmed one on record:
+        assert any(p["depth"] == 0 for p in plans), [p["why"] for p in plans]  # a replay that applied no plan
+        assert any(p["keep"] is not None and len(p["keep"]) < p["n"] for p in plans if p["depth"] != 0)  # differs
+        try:
+            careless = run(case, lm, sampling, store, heads, Careless(copy.deepcopy(plans), case))
+            assert (careless.step_tokens, careless.step_drafted) != (recorded.step_tokens, recorded.step_drafted)
+        except ReplayMismatch:
+            pass
     again = run(case, lm, sampling, store, heads, Replay(plans, case))
     assert again.output_ids == recorded.output_ids
     assert again.step_tokens == recorded.step_tokens and again.steps == recorded.steps
