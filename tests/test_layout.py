@@ -160,8 +160,9 @@ BENCH = {p.stem: p for p in ROOT.joinpath("bench").glob("*.py")}
 READS_TESTS = {"host_traffic"}  # it tables the simulated GPUs' traffic, which the tests' simulator defines
 
 
-def _bench_imports(path: Path) -> set[str]:
-    """The top-level modules a bench script imports (bench/ is on its path: its neighbours by bare name)."""
+def _top_level_imports(path: Path) -> set[str]:
+    """The top-level modules ``path`` imports, those inside functions too (a bench script's neighbours by bare name:
+    bench/ is on its path)."""
     out = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
@@ -174,7 +175,7 @@ def _bench_imports(path: Path) -> set[str]:
 def test_bench_scripts_import_no_cycle_and_no_tests():
     """bench/'s scripts import each other without a cycle (in function bodies too), and read nothing from the
     tests (but :data:`READS_TESTS`, named with why)."""
-    imports = {name: _bench_imports(path) for name, path in BENCH.items()}
+    imports = {name: _top_level_imports(path) for name, path in BENCH.items()}
     graph = {name: {t for t in targets if t in BENCH and t != name} for name, targets in imports.items()}
     assert not _cycles(graph), f"import cycles in bench/: {_cycles(graph)}"
     readers = {name for name, targets in imports.items() if "tests" in targets}
@@ -204,13 +205,7 @@ def test_core_imports_nothing_of_the_project_above_it():
 
 def _third_party(path: Path) -> set[str]:
     """The top-level packages outside the project that ``path`` imports (those inside functions too)."""
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            out |= {a.name.split(".")[0] for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
-            out.add(node.module.split(".")[0])
-    return out - {"specbench", "methods", "__future__"}
+    return _top_level_imports(path) - {"specbench", "methods", "__future__"}
 
 
 def test_the_budget_decides_from_numbers_alone():

@@ -1,11 +1,9 @@
 """Result rows and their parquet files: one row (one file) per sample × turn × method × repeat.
 
-A run (one config: model, method, dataset, settings) is the folder
-``results/<experiment>/<run_name>/``, one small parquet file per row, each
-written under a temporary name and renamed into place. So a job killed at any
-moment loses at most the generation in flight, a re-run resumes, and any
-number of jobs (shards of one run, a requeued job) write the same run at once
-without losing or overwriting a row (see :class:`ResultWriter`).
+A run (one config: model, method, dataset, settings) is the folder ``results/<experiment>/<run_name>/``, one small
+parquet file per row, each written under a temporary name and renamed into place. So a job killed at any moment
+loses at most the generation in flight, a re-run resumes, and any number of jobs (shards of one run, a requeued
+job) write the same run at once without losing or overwriting a row (see :class:`ResultWriter`).
 """
 
 from __future__ import annotations
@@ -224,10 +222,6 @@ def _reason(err: BaseException) -> str:
     return (text[0] if text else type(err).__name__)[:160]
 
 
-def _read(path: Path) -> list[dict[str, Any]]:
-    return pq.read_table(path).to_pylist()
-
-
 def _earlier(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Of two rows for one key, the one to keep: the earlier ``finished_at``, then the smaller file name."""
     return (str(a.get("finished_at", "")), a.get("_file", "")) < (str(b.get("finished_at", "")), b.get("_file", ""))
@@ -236,17 +230,14 @@ def _earlier(a: dict[str, Any], b: dict[str, Any]) -> bool:
 class ResultWriter:
     """The rows of one run: a folder of small parquet files, one per generation.
 
-    Several jobs may write the same run at once (shards by offset/limit, a
-    requeued SLURM job, a sweep and a manual re-run, on one machine or on a
-    shared filesystem). Each writer puts every row in a file of its own,
-    ``<method>__<key hash>__<writer id>.parquet``, written to a hidden
-    temporary name and renamed into place, so no writer ever touches another's
-    files and no lock is needed. Before a generation the runner asks
-    :meth:`recorded`, which also looks for rows other jobs wrote since, and
-    skips what is there. Two jobs that start the same generation at the same
-    moment both keep their row; :func:`load_results` and this class keep
-    exactly one (the earlier ``finished_at``). Appending costs one small file,
-    whatever the size of the run.
+    Several jobs may write the same run at once (shards by offset/limit, a requeued SLURM job, a sweep and a
+    manual re-run, on one machine or on a shared filesystem). Each writer puts every row in a file of its own,
+    ``<method>__<key hash>__<writer id>.parquet``, written to a hidden temporary name and renamed into place, so
+    no writer ever touches another's files and no lock is needed. Before a generation the runner asks
+    :meth:`recorded`, which also looks for rows other jobs wrote since, and skips what is there; after it,
+    :meth:`add` keeps a row another job wrote meanwhile. Two jobs that write the same generation at the same
+    moment both keep their row; :func:`load_results` and this class keep exactly one (the earlier
+    ``finished_at``). Appending costs one small file, whatever the size of the run.
 
     ``legacy_file`` is a single-file run as earlier versions wrote it: read, never written.
     An unreadable file of the run stops the writer with a one-line error (never overwritten).
@@ -270,7 +261,7 @@ class ResultWriter:
         if name in self._seen:
             return
         try:
-            rows = _read(path)
+            rows = pq.read_table(path).to_pylist()
         except Exception as err:  # a truncated or corrupt file (killed copy, full disk)
             if strict:
                 raise ConfigError(
@@ -308,23 +299,30 @@ class ResultWriter:
                 self.found_from_others += 1
         return self._rows.get(key)
 
-    def append(self, row: dict[str, Any]) -> Path:
+    def append(self, row: dict[str, Any]) -> None:
         """Write one row to a file of its own; a key already recorded (here or by another job) is refused."""
+        if self.add(row) is not None:
+            raise ValueError(f"ResultWriter: {row_key(row)} is already recorded in {self.dir}")
+
+    def add(self, row: dict[str, Any]) -> dict[str, Any] | None:
+        """The row recorded for ``row``'s key (this job's or a concurrent job's, found with one look), else
+        None once ``row`` is written: a row another job writes meanwhile is never an error (two rows of one key
+        on disk read as the earlier)."""
         key = row_key(row)
-        if self.recorded(key) is not None:
-            raise ValueError(f"ResultWriter: {key} is already recorded in {self.dir}")
+        earlier = self.recorded(key)
+        if earlier is not None:
+            return earlier
         path = self.dir / f"{_slug(key[2])}__{key_hash(*key)}__{self.writer_id}.parquet"
         tmp = self.dir / f".{path.name}.tmp"
-        table = _to_table([row])
         with open(tmp, "wb") as f:
-            pq.write_table(table, f)
+            pq.write_table(_to_table([row]), f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
         _fsync_dir(self.dir)
         self._seen.add(str(path))
         self._rows[key] = {**row, "_file": path.name}
-        return path
+        return None
 
 
 def _fsync_dir(path: Path) -> None:

@@ -326,11 +326,8 @@ class Measurement:
         row = make_row(rec, context={**self.context, "method": name, "preset": job.preset_of(name),
                                      "method_params": self.params[name]},
                        sample_id=sample.sample_id, turn=turn, repeat=repeat, output_text=text, extra=extra)
-        earlier = self.writer.recorded((sample.sample_id, turn, name, repeat))
-        if earlier is None:
-            self.writer.append(row)
-            return text
-        return earlier["output_text"]  # keep the earlier row (reading would keep it anyway) and go on from its text
+        earlier = self.writer.add(row)  # an earlier row is kept (reading would keep it anyway): go on from its text
+        return text if earlier is None else earlier["output_text"]
 
 
 def _print_stores(rows: Any, current: dict[str, str | None]) -> None:

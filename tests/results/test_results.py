@@ -212,6 +212,13 @@ def test_writers_of_one_run_share_it(tmp_path, context):
     assert df.set_index("sample_id").loc["q2", "output_text"] == "first"
     assert ResultWriter(folder).recorded(("q2", 0, "pld"))["output_text"] == "first"
     assert len(list(folder.glob("*.parquet"))) == 4  # nothing on disk was lost or overwritten
+    # a job that looked before generating, while another wrote the row meanwhile: add() keeps the other's row
+    assert a.recorded(("q3", 0, "pld")) is None
+    b.add(make_row(record(), context=context, sample_id="q3", turn=0, output_text="from b"))
+    assert a.add(make_row(record(), context=context, sample_id="q3", turn=0, output_text="from a"))["output_text"] \
+        == "from b"
+    assert a.add(make_row(record(), context=context, sample_id="q4", turn=0, output_text="from a")) is None
+    assert ResultWriter(folder).recorded(("q4", 0, "pld"))["output_text"] == "from a"
 
 
 def test_appending_costs_one_new_file(tmp_path, context):
