@@ -48,14 +48,15 @@ GPU_BATCH_CURVE = CostModel([1, 128], [0], [[0.02, 0.02]],
                             batches={4: CostModel([1, 16, 128], [0], [[0.02, 0.024, 0.08]])})
 NEEDS_STORE = {"rest", "spectra_retrieval", "spectra", "lookahead_rest"}
 FEATURE_HEADS = {"eagle": "eagle", "eagle3": "eagle3", "medusa": "medusa", "dflash": "dflash",
-                 "sam_decoding-eagle": "eagle"}
+                 "dflash-best_first": "dflash", "sam_decoding-eagle": "eagle"}
 DRAFT_MODEL = {"sps", "specdec_pp"}
-# Methods as the presets run them, plus SAM-Decoding[EAGLE2] (sam_decoding with an EAGLE head below its threshold).
-CASES = [*shipped_methods(), "sam_decoding-eagle"]
+# Methods as the presets run them, plus SAM-Decoding[EAGLE2] (sam_decoding with an EAGLE head below its threshold)
+# and DFlash's block read as a best-first tree.
+CASES = [*shipped_methods(), "sam_decoding-eagle", "dflash-best_first"]
 
 
 def _method(case: str) -> str:
-    return "sam_decoding" if case == "sam_decoding-eagle" else case
+    return {"sam_decoding-eagle": "sam_decoding", "dflash-best_first": "dflash"}.get(case, case)
 
 
 def save_tiny(path):
@@ -138,6 +139,8 @@ def maker(case: str, model: torch.nn.Module, sampling: SamplingParams, store, he
         params["head"] = heads[FEATURE_HEADS[case]]
     if case == "sam_decoding-eagle":
         params["auxiliary"] = "eagle"
+    if case == "dflash-best_first":
+        params["tree"] = "best_first"
     if name in DRAFT_MODEL:
         params["self_first_layers"] = 2
     if name == "specdec_pp":  # a random acceptance head: it only decides where drafts stop
