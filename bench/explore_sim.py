@@ -70,7 +70,7 @@ class Tally:
     def record(self, draft, accepted_nodes, draft_s: float = 0.0) -> None:
         before = self.inner.elapsed
         self.inner.record(draft, accepted_nodes, draft_s=draft_s)
-        why = self.inner.why[-1]
+        why = self.inner.step.why
         self.steps[why] += 1
         self.lost[why] += self.inner.elapsed - before - (1 + len(accepted_nodes))
 

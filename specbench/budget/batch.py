@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from specbench.budget.costs import CostModel
-from specbench.budget.planner import AutoBudget, aux_count
+from specbench.budget.planner import AutoBudget
+from specbench.budget.pools import aux_count
 from specbench.core.draft import Draft
 
 

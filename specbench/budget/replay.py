@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from specbench.budget.planner import AutoBudget, subdraft
+from specbench.budget.planner import AutoBudget
+from specbench.budget.pools import subdraft
 from specbench.core.draft import Draft
 
 
@@ -43,10 +44,11 @@ class Recorder:
     def plan(self, draft: Draft, tokens: list[int]) -> Draft:
         p = self.planner
         planned = p.plan(draft, tokens)
-        (keep, width), (tokens_expected, seconds) = p.last_plan, p.last_prediction
+        step = p.step
+        keep, (tokens_expected, seconds) = step.keep, step.predicted
         self.plans.append({"depth": self.depth, "top_k": p.width_cap, "n": len(draft),
                            "keep": None if len(keep) == len(draft) else list(keep),  # null: all (most steps)
-                           "aux": int(width), "why": p.why[-1], "pred_tokens": round(tokens_expected, 4),
+                           "aux": int(step.width), "why": step.why, "pred_tokens": round(tokens_expected, 4),
                            "pred_s": round(seconds, 6)})
         return planned
 

@@ -20,7 +20,8 @@ from methods.token_recycling import TokenRecycling, TokenRecyclingConfig
 from specbench.budget.acceptance import PRIOR, AcceptanceStats, fed, node_scores, positions
 from specbench.budget.costs import CostModel
 from specbench.budget.drafting import WINDOW
-from specbench.budget.planner import EXPLORE_EVERY, AutoBudget, best_prefix, subdraft, widths
+from specbench.budget.planner import EXPLORE_EVERY, AutoBudget, Option, Seen, best_prefix
+from specbench.budget.pools import subdraft, widths
 from specbench.core.acceptance import SamplingParams
 from specbench.core.draft import SOURCE_BWD, SOURCE_FWD, SOURCE_RETRIEVAL, Draft
 from specbench.core.forward import Target
@@ -214,7 +215,7 @@ def test_counts_halve_every_window_and_start_afresh_with_a_category():
     stats.observe_output(Draft.chain([5], SOURCE_FWD), [6])
     assert stats.drafted[(SOURCE_FWD,)] == WINDOW / 2 and stats.accepted[(SOURCE_FWD,)] == (WINDOW - 1) / 2
     planner = AutoBudget(FLAT, stats=stats)
-    planner.options[(1, 0)] = [1, 1.0, 1.0, 0.0]
+    planner.options[Option(1, 0)] = Seen(1, 1.0, 1.0, 0.0)
     planner.new_category()
     assert not stats.drafted and not planner.options and stats.rate(SOURCE_FWD, 1) == pytest.approx(0.25)
 
@@ -281,7 +282,7 @@ def test_best_prefix_by_hand():
     assert keep == [0, 1] and rate == pytest.approx(2.0)
     keep, rate = best_prefix(scores, CHEAP, 1, 0, extra_s=3.0)  # drafting's 3 s beside: 2.5/4.3 is best
     assert keep == [0, 1, 2] and rate == pytest.approx(2.5 / 4.3)
-    assert best_prefix(scores, CHEAP, 1, 0, most_s=1.15)[0] == [0]  # the forward may take 1.15 at most
+    assert best_prefix(scores, CHEAP, 1, 0, fits=lambda s: s <= 1.15)[0] == [0]  # the forward may take 1.15 at most
 
 
 def test_subdraft_reindexes_parents_and_drops_aux():
@@ -331,7 +332,7 @@ def seeded(cost, rates: dict[str, float], n: int = 100, option=(1.0, 2.0, 6.0), 
     for name, r in rates.items():
         for key in ((name,), (name, 1), (name, 1, 0), (name, 2), (name, 2, 0)):
             planner.stats.drafted[key], planner.stats.accepted[key] = n, r * n
-    planner.options[(2, 0, pool)] = [1, *option]
+    planner.options[Option(2, 0, pool)] = Seen(1, *option)
     planner.deepest, planner.pool = 2, pool
     return planner
 

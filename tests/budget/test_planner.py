@@ -140,7 +140,7 @@ def test_a_heads_catching_up_after_a_pause_is_priced():
     def watched(draft, tokens):  # what the planner expects each drafting step's drafting to take
         out = plan(draft, tokens)
         if planner.why[-1] != "plain":
-            predicted.append(planner.last_prediction[1] - planner.cost(1 + len(out) + out.n_aux, len(tokens)))
+            predicted.append(planner.step.predicted[1] - planner.cost(1 + len(out) + out.n_aux, len(tokens)))
         return out
 
     planner.plan = watched
