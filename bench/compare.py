@@ -42,7 +42,11 @@ autoregressive run measured as a method: the null control, what the speed line r
 costs nothing on these prompts and repeats. ``--split``: where each ``auto`` preset's decode time went beyond
 autoregressive decoding's steps at the same positions (greedy: step i of each decodes after the same tokens
 until a guess is accepted), as shares of its time: the steps the planner let draft (its choices, probes and
-first drafts) and the plain ones, with a plain step's drafting and planning in ms against the loop's own.
+first drafts) and the plain ones, with a plain step's drafting and planning in ms against the loop's own, then
+budget=auto's promise where nothing pays (τ ≤ 1.02, outputs equal): O = D + P, what drafting (D) and the plain
+steps' planning (P) cost beyond autoregressive decoding, at most A, the allowance the planner grants itself over one
+pass, with a point speedup of at least 0.97 (``kept``, else ``broken``); a row that pays says ``pays`` and is held
+to the interval line; ``autoregressive:fixed`` is calibration, never a pass/fail row.
 ``--forward eager compiled``: every row of ours runs in each forward mode (``forward=compiled``: static shapes,
 compiled with Inductor, compiled before the warm-up and said apart), a compiled row named ``<row>@compiled`` with
 its speedup over ``autoregressive@compiled``; with ``--engines``, each mode's autoregressive rate is set against
@@ -74,7 +78,7 @@ from prompts import dataset_prompts, preset  # bench/ is on sys.path when a scri
 
 from methods.registry import get_method
 from specbench.budget.costs import CostModel
-from specbench.budget.planner import AutoBudget
+from specbench.budget.planner import ALLOWANCE_FLOOR, ALLOWANCE_SHARE, AutoBudget
 from specbench.core.acceptance import SamplingParams
 from specbench.core.decode import generate
 from specbench.core.draft import DrafterContext
@@ -94,6 +98,7 @@ from specbench.stores.datastore import Datastore
 ENGINES = ("llama.cpp",)  # --engines: peer engines run beside ours (specbench.peers)
 ENGINE_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 LINE = 0.97  # the speed line budget=auto is held to: at least this speedup, with an interval reaching 1.00
+PAYS = 1.02  # τ above this: drafting pays, and the row is held to the interval line; at or below, to O ≤ A
 
 
 def margin(sp: dict[str, float]) -> float:
@@ -347,7 +352,19 @@ def time_split(t: Tally, base: Tally) -> str:
     """Where ``t``'s decode steps' seconds went beyond ``base``'s steps at the same positions (greedy, equal
     outputs: step i of each decodes after the same tokens until a guess is accepted), as shares of ``base``'s
     decode time: the steps the planner let draft, the plain ones; a plain step's drafting seconds (the
-    drafter's check and the planner's bookkeeping) against ``base``'s (the loop's own)."""
+    drafter's check and the planner's bookkeeping, its record() included) against ``base``'s (the loop's own).
+    Then what the planner spent against what it allows itself: O = D + P, D the drafting steps' excess, P the
+    plain steps' drafting and planning beyond the loop's own, A the allowance over one pass (:func:`spent`)."""
+    over, steps, stopped, own, total = _split(t, base)
+    o, a = spent(t, base)
+    return (f"drafting {100 * over[True] / total:+.2f}% ({steps[True]} steps), plain {100 * over[False] / total:+.2f}%"
+            f" ({steps[False]} steps, drafting and planning {1e3 * np.mean(stopped or [0]):.3f} ms a step against "
+            f"the loop's {1e3 * np.mean(own or [0]):.3f}); O = D + P {100 * o:+.2f}% against A {100 * a:.2f}%")
+
+
+def _split(t: Tally, base: Tally) -> tuple:
+    """Excess seconds and steps of ``t`` over ``base``, by whether the planner let the step draft; the plain
+    steps' drafting seconds, ``base``'s, and ``base``'s decode time."""
     over, steps, stopped = {True: 0.0, False: 0.0}, {True: 0, False: 0}, []
     total = sum(sum(times) for times, _, _ in base.gens.values())
     own = [d for _, draft_s, _ in base.gens.values() for d in draft_s]
@@ -358,9 +375,33 @@ def time_split(t: Tally, base: Tally) -> str:
             steps[drafted] += 1
             if not drafted:
                 stopped.append(d)
-    return (f"drafting {100 * over[True] / total:+.2f}% ({steps[True]} steps), plain {100 * over[False] / total:+.2f}%"
-            f" ({steps[False]} steps, drafting and planning {1e3 * np.mean(stopped or [0]):.3f} ms a step against "
-            f"the loop's {1e3 * np.mean(own or [0]):.3f})")
+    return over, steps, stopped, own, total
+
+
+def spent(t: Tally, base: Tally) -> tuple[float, float]:
+    """O and A as shares of ``base``'s decode time: O = D + P, D the excess of the steps the planner let draft
+    over ``base``'s at the same positions, P = (a plain step's drafting and planning − the loop's own) × the plain
+    steps; A = ALLOWANCE_SHARE + ALLOWANCE_FLOOR ÷ the plain steps of one pass (each repeat is a pass: its
+    planner starts afresh)."""
+    over, steps, stopped, own, total = _split(t, base)
+    p = (np.mean(stopped) - np.mean(own or [0])) * steps[False] if stopped else 0.0
+    passes = len({rep for _, rep in base.gens}) or 1
+    pass_steps = sum(len(times) for times, _, _ in base.gens.values()) / passes
+    return (over[True] + p) / total, ALLOWANCE_SHARE + ALLOWANCE_FLOOR / max(pass_steps, 1)
+
+
+def promise(t: Tally, base: Tally, sp: dict[str, float], greedy: bool) -> str:
+    """budget=auto's promise where nothing pays (greedy, outputs equal, τ ≤ 1.02): O ≤ A and a point speedup
+    of at least :data:`LINE` (``kept`` / ``broken``); where drafting pays the interval line holds instead
+    (``pays``); ``-`` unplanned or sampled."""
+    if not (t.planned and greedy and t.steps):
+        return "-"
+    if t.match < t.n:
+        return "outputs differ"
+    if t.tokens / t.steps > PAYS:
+        return "pays"
+    o, a = spent(t, base)
+    return "kept" if o <= a and sp["speedup"] >= LINE else "broken"
 
 
 def report(dtype: str, dataset: str, tallies: dict[str, Tally], greedy: bool = True, split: bool = False) -> None:
@@ -394,7 +435,8 @@ def report(dtype: str, dataset: str, tallies: dict[str, Tally], greedy: bool = T
             f"  {same:10} {line}"
         )
         if split and greedy and t.planned:
-            print(f"{'':21} {name:30} beyond autoregressive decoding's steps: {time_split(t, base)}")
+            print(f"{'':21} {name:30} beyond autoregressive decoding's steps: {time_split(t, base)}: "
+                  f"{promise(t, base, sp, greedy)}")
     for engine in ENGINES:
         ar = tallies.get(f"{engine}:ar")
         for row in [r for r in tallies if r.partition("@")[0] == "autoregressive"]:

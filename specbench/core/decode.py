@@ -56,6 +56,7 @@ class _Row:
     step: int = 0
     draft: Draft = field(default_factory=Draft)
     draft_s: float = 0.0
+    record_s: float = 0.0  # the planner's last record(): priced with the next step's drafting (its own is running)
 
 
 class _Loop:
@@ -190,19 +191,17 @@ class _Loop:
             walks = accept_rows([row.draft for row in rows], [logits[r][: 1 + len(row.draft.tokens)]
                                 for r, row in enumerate(rows)], self.sampling,
                                 [row.request.generator for row in rows])
-        settled = []
-        for r, (row, (path, tokens)) in enumerate(zip(rows, walks, strict=True)):
-            draft = row.draft
-            features = _accepted_rows(target.row_features[r], path) if layers else {}
-            if row.request.planner is not None:
-                row.request.planner.record(draft, path, draft_s=row.draft_s)
-            settled.append((path, tokens, features))
+        settled = [(path, tokens, _accepted_rows(target.row_features[r], path) if layers else {})
+                   for r, (path, tokens) in enumerate(walks)]
         cache.commit(0, [[0] + [1 + i for i in path] for path, _, _ in settled])
         target.sync()
         verified = perf_counter()
         update_s = []
         for r, (row, (path, tokens, features)) in enumerate(zip(rows, settled, strict=True)):
             t0 = perf_counter()
+            if row.request.planner is not None:  # timed as drafting: the step's, and the planner's next price
+                row.request.planner.record(row.draft, path, draft_s=row.draft_s + row.record_s)
+                row.record_s = perf_counter() - t0
             n = len(row.draft.tokens)
             aux_logits = logits[r][1 + n :] if row.draft.n_aux else None
             row.request.drafter.update(VerifyResult(path, tokens, row.draft, aux_logits=aux_logits,

@@ -633,7 +633,7 @@ def test_compare_splits_a_presets_time_beyond_autoregressive_decoding_by_what_th
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-    from compare import Tally, time_split
+    from compare import Tally, promise, spent, time_split
 
     from specbench.core.record import GenerationRecord
 
@@ -653,6 +653,21 @@ def test_compare_splits_a_presets_time_beyond_autoregressive_decoding_by_what_th
     unplanned = Tally()  # no planner: a step drafted when it verified guesses
     unplanned.add(record([2.0, 1.1, 1.0], [0, 0, 0], [0.5, 0.001, 0.002]), 4.6, True)
     assert time_split(unplanned, base).startswith("drafting +0.00% (0 steps), plain +36.67% (3 steps")
+    # O = D + P: the probe's 1 s over 3 s, and the plain steps' 1.5 ms against the loop's 0.5 ms, twice; A: the
+    # allowance of one pass of 3 plain steps, 1% + 2 steps
+    o, a = spent(method, base)
+    assert o == pytest.approx((1.0 + 2 * 0.001) / 3.0) and a == pytest.approx(0.01 + 2 / 3)
+    assert out.endswith("O = D + P +33.40% against A 67.67%")
+    assert promise(method, base, {"speedup": 0.97}, True) == "kept"  # τ 1: nothing paid, within the allowance
+    assert promise(method, base, {"speedup": 0.96}, True) == "broken"  # … but under the point line
+    method.gens[(0, 0)][0][0] = 4.0  # the probe's excess 3 s: 100% of the baseline's time, past A
+    assert promise(method, base, {"speedup": 0.99}, True) == "broken"
+    assert promise(unplanned, base, {"speedup": 1.0}, True) == "-"  # no planner (autoregressive:fixed): calibration
+    assert promise(method, base, {"speedup": 1.0}, False) == "-"  # sampled: no step-by-step split
+    method.tokens = 2 * method.steps  # τ 2: drafting pays, and the row answers to the interval line instead
+    assert promise(method, base, {"speedup": 0.5}, True) == "pays"
+    method.match = 0
+    assert promise(method, base, {"speedup": 1.0}, True) == "outputs differ"
 
 
 def test_compare_reads_the_speed_line_exactly():
