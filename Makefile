@@ -30,7 +30,7 @@ REPORTS     ?= reports
 ARGS        ?=
 PAPER_DIR   ?=
 REPORT_ARGS ?=
-REPORT       = $(PY) -m specbench.report --results $(RESULTS) --out $(REPORTS) \
+REPORT       = $(PY) -m specbench report --results $(RESULTS) --out $(REPORTS) \
                $(if $(PAPER_DIR),--paper-dir $(PAPER_DIR)) $(REPORT_ARGS)
 SWEEP        = $(PY) run.py -m results_dir=$(RESULTS)
 # reproduce-cpu: every table and figure from real runs of SmolLM2 on the CPU (20 min on two cores
@@ -94,7 +94,7 @@ test: setup ## the fast test suite (2 workers; TEST_WORKERS=0 for one process)
 
 peers: setup ## llama.cpp's llama-server, built from the llama-cpp-python sdist's sources (5-10 min on 2 cores; cached under ~/.cache/specbench/peers)
 	$(PIP) install "sentencepiece>=0.2"
-	$(PY) -m specbench.cli.peers build
+	$(PY) -m specbench peers build
 
 test-peers: setup ## the peer engine's tests, against the built llama-server (make peers first)
 	$(PYTEST) -m peers -q
@@ -122,10 +122,10 @@ test-all: setup ## every test but the SLURM ones (make slurm-test); the data tes
 GPU_PY     ?= 3.12
 GPU_OUT    ?= gpu-check
 gpu-check: setup ## the GPU paths checked on this machine's CUDA GPU (random-weight 7B/8B shapes, stages written to GPU_OUT=gpu-check/)
-	$(PY) -m specbench.gpu_check --out $(GPU_OUT)
+	$(PY) -m specbench gpu-check --out $(GPU_OUT)
 
 gpu-bundle: setup ## the wheels a GPU machine without network lacks, for gpu_check.sh there (GPU_PY=3.12: its Python)
-	$(PY) -m specbench.cli.gpu_bundle --python $(GPU_PY) --out .gpu-bundle
+	$(PY) -m specbench gpu-bundle --python $(GPU_PY) --out .gpu-bundle
 
 # A rehearsal of a lent GPU machine's software on this CPU: its Python, its transformers, none of the bundled
 # packages, no network. The venv is kept outside the repository (a first set-up downloads torch, ~3 min).
@@ -137,7 +137,7 @@ gpu-rehearsal: setup ## bash gpu_check.sh --device cpu --tiny as a lent GPU mach
 	test -x $(REHEARSAL_VENV)/bin/python || { $(REHEARSAL_PY) -m venv $(REHEARSAL_VENV) && \
 	  $(REHEARSAL_VENV)/bin/pip install -q --disable-pip-version-check "$(TORCH_SPEC)" "transformers==$(REHEARSAL_TF)" \
 	  accelerate numpy pandas pyarrow matplotlib safetensors tokenizers; }
-	$(PY) -m specbench.cli.gpu_bundle --python $$($(REHEARSAL_VENV)/bin/python -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")') --out $(REPORTS)/gpu-rehearsal-bundle
+	$(PY) -m specbench gpu-bundle --python $$($(REHEARSAL_VENV)/bin/python -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")') --out $(REPORTS)/gpu-rehearsal-bundle
 	PYTHON=$(REHEARSAL_VENV)/bin/python GPU_BUNDLE=$(abspath $(REPORTS))/gpu-rehearsal-bundle \
 	  $$(unshare -n true 2>/dev/null && echo unshare -n) bash gpu_check.sh --device cpu --tiny --layers 2 --speed-layers 2 \
 	  --tokens 16 --speed-tokens 16 --long-context 160 --out $(REPORTS)/gpu-rehearsal
@@ -169,11 +169,11 @@ MODEL ?= smollm2-135m
 HEAD_TEMPS ?= 1 0
 KIND ?= eagle
 train-eagle-head: setup ## train an EAGLE head (KIND=eagle|eagle3|medusa) for MODEL (default smollm2-135m) on offline text; re-running resumes
-	$(PY) -m specbench.eagle_head model=$(MODEL) --kind $(KIND) $(ARGS)
+	$(PY) -m specbench train-head model=$(MODEL) --kind $(KIND) $(ARGS)
 
 DFLASH_ARGS ?= --draft-layers 1 --block 8
 train-dflash: setup ## train a DFlash drafter for MODEL (default smollm2-135m) on offline text (DFLASH_ARGS: its shape); re-running resumes
-	$(PY) -m specbench.eagle_head model=$(MODEL) --kind dflash $(DFLASH_ARGS) $(ARGS)
+	$(PY) -m specbench train-head model=$(MODEL) --kind dflash $(DFLASH_ARGS) $(ARGS)
 
 # The heads bench/README's figures were measured with (epochs per kind); each is trained once, then kept.
 HEAD_EPOCHS ?= eagle=3 eagle3=2 medusa=2 dflash=3
@@ -181,43 +181,43 @@ bench-heads: setup ## SmolLM2's EAGLE, EAGLE-3 and Medusa heads and DFlash draft
 	for ke in $(HEAD_EPOCHS); do k=$${ke%%=*}; e=$${ke#*=}; \
 	  $(PY) -c "import sys; from specbench.drafting.eagle_drafter import trained_head_dir as d; \
 	    sys.exit(not (d('smollm2-135m', '$$k') / 'config.json').is_file())" || \
-	  $(PY) -m specbench.eagle_head model=smollm2-135m --kind $$k --epochs $$e --max-len 384 || exit 1; done
+	  $(PY) -m specbench train-head model=smollm2-135m --kind $$k --epochs $$e --max-len 384 || exit 1; done
 
 train-acceptance-head: setup ## train SpecDec++'s acceptance heads for MODEL (default smollm2-135m) and its self-draft: sampled (T=1) and greedy labels
 	for t in $(HEAD_TEMPS); do \
-	  $(PY) -m specbench.acceptance_head model=$(MODEL) method=specdec_pp --temperature $$t $(ARGS) || exit 1; done
+	  $(PY) -m specbench train-acceptance-head model=$(MODEL) method=specdec_pp --temperature $$t $(ARGS) || exit 1; done
 
 bench-stores: setup ## SmolLM2's stores for the retrieval benchmark (standard library, its refined copy, model answers)
-	$(PY) -m specbench.datastore info --store stdlib >/dev/null 2>&1 || $(PY) -m specbench.datastore build --source stdlib
-	$(PY) -m specbench.datastore info --store stdlib-refined >/dev/null 2>&1 || \
-	  $(PY) -m specbench.datastore refine --store stdlib --keep 0.5 --sample 2000
-	$(PY) -m specbench.datastore info --store chat >/dev/null 2>&1 || $(PY) -m specbench.datastore build --source chat
-	$(PY) -m specbench.datastore info --store chat-refined >/dev/null 2>&1 || \
-	  $(PY) -m specbench.datastore refine --store chat --keep 0.5
-	$(PY) -m specbench.datastore info --store stdlib-random >/dev/null 2>&1 || \
-	  $(PY) -m specbench.datastore refine --store stdlib --keep 0.5 --sample 2000 --select random
-	$(PY) -m specbench.datastore info --store chat-random >/dev/null 2>&1 || \
-	  $(PY) -m specbench.datastore refine --store chat --keep 0.5 --select random
+	$(PY) -m specbench datastore info --store stdlib >/dev/null 2>&1 || $(PY) -m specbench datastore build --source stdlib
+	$(PY) -m specbench datastore info --store stdlib-refined >/dev/null 2>&1 || \
+	  $(PY) -m specbench datastore refine --store stdlib --keep 0.5 --sample 2000
+	$(PY) -m specbench datastore info --store chat >/dev/null 2>&1 || $(PY) -m specbench datastore build --source chat
+	$(PY) -m specbench datastore info --store chat-refined >/dev/null 2>&1 || \
+	  $(PY) -m specbench datastore refine --store chat --keep 0.5
+	$(PY) -m specbench datastore info --store stdlib-random >/dev/null 2>&1 || \
+	  $(PY) -m specbench datastore refine --store stdlib --keep 0.5 --sample 2000 --select random
+	$(PY) -m specbench datastore info --store chat-random >/dev/null 2>&1 || \
+	  $(PY) -m specbench datastore refine --store chat --keep 0.5 --select random
 
 bench-retrieval: bench-stores ## retrieval methods (rest, spectra_retrieval with/without refinement, spectra) beside CORE, Lookahead, PLD
 	$(PY) bench/compare.py --methods $(RETRIEVAL_BENCH) --datasets humaneval mtbench
 
 smoke-experiments: setup ## every experiment's smoke variant (tiny model, seconds each) into results/smoke, then its report
-	$(PY) -m specbench.datastore info --model tiny-llama --store stdlib >/dev/null 2>&1 || \
-	  $(PY) -m specbench.datastore build --model tiny-llama --source stdlib --limit 20 --quiet
-	$(PY) -m specbench.datastore info --model tiny-llama --store stdlib-refined >/dev/null 2>&1 || \
-	  $(PY) -m specbench.datastore refine --model tiny-llama --store stdlib --keep 0.5 --sample 40 --quiet
+	$(PY) -m specbench datastore info --model tiny-llama --store stdlib >/dev/null 2>&1 || \
+	  $(PY) -m specbench datastore build --model tiny-llama --source stdlib --limit 20 --quiet
+	$(PY) -m specbench datastore info --model tiny-llama --store stdlib-refined >/dev/null 2>&1 || \
+	  $(PY) -m specbench datastore refine --model tiny-llama --store stdlib --keep 0.5 --sample 40 --quiet
 	for e in table1 table2 table3 table6 table7 figure3 figure4 figure6 spec_bench batch_sweep; do \
 	  $(PY) run.py -m experiment=$${e}_smoke progress=false || exit 1; done
-	$(PY) -m specbench.report --results results/smoke --out reports/smoke
-	$(PY) -m specbench.report batch_sweep --results results/smoke --out reports/smoke/batch_sweep
-	$(PY) -m specbench.report spec_bench --results results/smoke --out reports/smoke/spec_bench
+	$(PY) -m specbench report --results results/smoke --out reports/smoke
+	$(PY) -m specbench report batch_sweep --results results/smoke --out reports/smoke/batch_sweep
+	$(PY) -m specbench report spec_bench --results results/smoke --out reports/smoke/spec_bench
 
 summary: setup ## every run under RESULTS side by side, each preset against its own job's baseline: REPORTS/summary.md, .csv, .png (REPORTS=reports)
-	$(PY) -m specbench.report summary --results $(RESULTS) --out $(REPORTS) $(if $(PAPER_DIR),--paper-dir $(PAPER_DIR))
+	$(PY) -m specbench report summary --results $(RESULTS) --out $(REPORTS) $(if $(PAPER_DIR),--paper-dir $(PAPER_DIR))
 
 site: setup ## the results site from RESULTS (default results): $(REPORTS)/site/index.html, opens from file://
-	$(PY) -m specbench.report site --results $(RESULTS) --out $(REPORTS)/site $(if $(PAPER_DIR),--paper-dir $(PAPER_DIR))
+	$(PY) -m specbench report site --results $(RESULTS) --out $(REPORTS)/site $(if $(PAPER_DIR),--paper-dir $(PAPER_DIR))
 
 SITE_PKGS := chromium chromium-driver
 site-test: setup ## the site in headless Chromium (Debian's; installed as root if missing) on the smoke results; screenshots in reports/site-test
@@ -276,10 +276,10 @@ report: setup ## the summary, every table and figure from what is in RESULTS (no
 	$(REPORT) all
 
 reproduce-cpu: setup ## the whole pipeline on SmolLM2 on the CPU (~20 min on 2 cores once the stores exist): reports/reproduce-cpu/
-	$(PY) -m specbench.datastore info --model smollm2-135m --store stdlib >/dev/null 2>&1 || \
-	  $(PY) -m specbench.datastore build --model smollm2-135m --source stdlib
-	$(PY) -m specbench.datastore info --model smollm2-135m --store stdlib-refined >/dev/null 2>&1 || \
-	  $(PY) -m specbench.datastore refine --model smollm2-135m --store stdlib --keep 0.5 --sample 2000
+	$(PY) -m specbench datastore info --model smollm2-135m --store stdlib >/dev/null 2>&1 || \
+	  $(PY) -m specbench datastore build --model smollm2-135m --source stdlib
+	$(PY) -m specbench datastore info --model smollm2-135m --store stdlib-refined >/dev/null 2>&1 || \
+	  $(PY) -m specbench datastore refine --model smollm2-135m --store stdlib --keep 0.5 --sample 2000
 	$(PY) run.py -m experiment=table1 $(CPU_ARGS) method=$(CPU_METHODS) dataset=$(CPU_DATASETS) temperature=0,1
 	$(PY) run.py -m experiment=table2 $(CPU_ARGS) +variant=$(CPU_VARIANTS) dataset=mtbench
 	$(PY) run.py -m experiment=table3 $(CPU_ARGS) method=lookahead-cpu,spectra_core-cpu dataset=mtbench
@@ -289,14 +289,14 @@ reproduce-cpu: setup ## the whole pipeline on SmolLM2 on the CPU (~20 min on 2 c
 	$(PY) run.py -m experiment=figure3 $(CPU_ARGS) method=$(CPU_METHODS),pld dataset=mtbench
 	$(PY) run.py -m experiment=figure4 $(CPU_ARGS) method=pld,spectra_core-cpu
 	$(PY) run.py -m experiment=figure6 $(CPU_ARGS) method=$(CPU_METHODS),pld
-	$(PY) -m specbench.report --results $(CPU_RESULTS) --out $(CPU_REPORTS) --compare-model smollm2-135m=L2-7B \
+	$(PY) -m specbench report --results $(CPU_RESULTS) --out $(CPU_REPORTS) --compare-model smollm2-135m=L2-7B \
 	  $(if $(PAPER_DIR),--paper-dir $(PAPER_DIR)) all
 
 datastore: setup ## build a retrieval store: MODEL=<model> SOURCE=stdlib|chat|dir:DIR|file:FILE|ultrachat|the-stack-python|generate:DATASET LIMIT=<records>
-	$(PY) -m specbench.datastore build --model $(MODEL) --source $(SOURCE) $(if $(LIMIT),--limit $(LIMIT)) $(DATASTORE_ARGS)
+	$(PY) -m specbench datastore build --model $(MODEL) --source $(SOURCE) $(if $(LIMIT),--limit $(LIMIT)) $(DATASTORE_ARGS)
 
 datastore-refine: setup ## perplexity-refined copy of a store (SPECTRA-RETRIEVAL): MODEL=<model> STORE=<name> KEEP=0.5 SAMPLE=2000
-	$(PY) -m specbench.datastore refine --model $(MODEL) --store $(STORE) --keep $(KEEP) $(if $(SAMPLE),--sample $(SAMPLE)) $(DATASTORE_ARGS)
+	$(PY) -m specbench datastore refine --model $(MODEL) --store $(STORE) --keep $(KEEP) $(if $(SAMPLE),--sample $(SAMPLE)) $(DATASTORE_ARGS)
 
 clean: ## remove caches and Hydra output folders (keeps results/, reports/ and .venv)
 	rm -rf outputs multirun .pytest_cache .ruff_cache

@@ -5,7 +5,7 @@
 # temporary folder that is removed at the end. Nothing is downloaded, nothing outside that folder is written
 # but the output folder.
 #
-#   bash gpu_check.sh [--out DIR] [--stages STAGE ...] [--deadline SECONDS] [any option of `python -m specbench.gpu_check --help`]
+#   bash gpu_check.sh [--out DIR] [--stages STAGE ...] [--deadline SECONDS] [any option of `specbench gpu-check --help`]
 #
 # Each stage's rows are written to DIR (default gpu-check/) as it finishes: DIR/gpu-check.md holds the table so
 # far, DIR/<stage>.md and .json each stage's. Exit status: 0 all passed, 1 a check failed, 2 it could not run.
@@ -55,4 +55,4 @@ args=("$@")
 [[ " ${args[*]-} " == *" --out "* ]] || args+=(--out gpu-check)
 # a lent machine gives one command ten minutes: start no stage expected to end after 7.5 minutes (--deadline 0: none)
 [[ " ${args[*]-} " == *" --deadline "* ]] || args+=(--deadline 450)
-"$py" -m specbench.gpu_check "${args[@]}"
+"$py" -m specbench gpu-check "${args[@]}"

@@ -35,7 +35,7 @@ instead, ``--plan-dtype bfloat16`` with bf16's curve: in an fp32 run, whose outp
 autoregressive ones, the model column then compares budgets under bf16 costs on the same texts);
 ``<preset>:static`` plans from the warm-up's drafting table, frozen (``budget=static``).
 ``<preset>:norefine`` reads the unrefined store; ``<preset>:random`` reads the refined store's
-control, as many pieces drawn at random from the same subset (``python -m specbench.datastore
+control, as many pieces drawn at random from the same subset (``specbench datastore
 refine --select random``), so that refinement is compared at a matched store size. The lookup time per
 step and each store's size and build time are printed too. ``autoregressive:fixed`` is a second
 autoregressive run measured as a method: the null control, what the speed line reads for a method that

@@ -1,6 +1,6 @@
 """Held-out α of trained EAGLE / EAGLE-3 heads, judged two ways on one split.
 
-Each head is evaluated on the held-out conversations ``python -m specbench.eagle_head`` keeps out (the
+Each head is evaluated on the held-out conversations ``specbench train-head`` keeps out (the
 first ``--heldout`` share of the offline data for ``--max-len``, the same whatever trained the head), with
 the target's features read from the training cache (run ``make bench-heads`` first). α is the share of
 depth-1 guesses equal to the target's token (per draft step with ``--steps``), judged

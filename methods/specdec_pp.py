@@ -10,7 +10,7 @@ stops as soon as ``1 - Π p̂_i > threshold`` (the paper's threshold rule, h =
 threshold is still proposed: it costs nothing more to verify.
 
 The head is trained per target × draft pair
-(``python -m specbench.acceptance_head model=<target> method=specdec_pp ...`` or
+(``specbench train-acceptance-head model=<target> method=specdec_pp ...`` or
 ``make train-acceptance-head``) and read from
 ``$SPECBENCH_CACHE/acceptance_heads/<target>__<draft>.pt`` (or ``head_path``);
 greedy runs read the head trained on greedy labels (``--temperature 0``,

@@ -16,7 +16,7 @@
 #
 # Draws the paper's figures 3, 4 and 6 from the parquet rows under `RESULTS`
 # (one folder per experiment: `figure3/`, `figure4/`, `figure6/`), with the
-# same functions as `python -m specbench.report figures`, and shows the numbers
+# same functions as `specbench report figures`, and shows the numbers
 # behind them. Set `SPECBENCH_RESULTS` to read another folder (for example
 # `results/smoke` after `make smoke-experiments`, or `results/reproduce-cpu`).
 #

@@ -1,4 +1,4 @@
-"""``python -m specbench.acceptance_head``: train SpecDec++'s acceptance head for a target × draft pair."""
+"""``specbench train-acceptance-head``: train SpecDec++'s acceptance head for a target × draft pair."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from specbench.run.config import validate
 
 def main(argv: list[str] | None = None) -> Path:
     ap = argparse.ArgumentParser(
-        prog="python -m specbench.acceptance_head",
+        prog="specbench train-acceptance-head",
         description="Train SpecDec++'s acceptance head for a target × draft pair. Other arguments are run.py "
         "overrides (model=..., method=specdec_pp, method.self_first_layers=..., dataset=...).",
     )

@@ -1,9 +1,9 @@
-"""``python -m specbench.costs``: measure (or read the cached) verification cost curve t(q, context).
+"""``specbench costs``: measure (or read the cached) verification cost curve t(q, context).
 
-    python -m specbench.costs                        # SmolLM2, its config's dtype, measured or cached
-    python -m specbench.costs model.dtype=bfloat16 --remeasure
-    python -m specbench.costs hardware.linear=plain  # PyTorch's own linear layers (default on a CPU: packed)
-    python -m specbench.costs --batch-size 8         # and t(q, context) of batches of 2, 4 and 8 rows
+    specbench costs                        # SmolLM2, its config's dtype, measured or cached
+    specbench costs model.dtype=bfloat16 --remeasure
+    specbench costs hardware.linear=plain  # PyTorch's own linear layers (default on a CPU: packed)
+    specbench costs --batch-size 8         # and t(q, context) of batches of 2, 4 and 8 rows
 
 On a CPU it also prints the floor: the weights' bytes over the measured memory read bandwidth.
 """
@@ -21,7 +21,7 @@ from specbench.paths import CONF_DIR
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m specbench.costs", description="What one verification forward costs on this machine: t(q, context).")
+    ap = argparse.ArgumentParser(prog="specbench costs", description="What one verification forward costs on this machine: t(q, context).")
     ap.add_argument("overrides", nargs="*", help="model=<name>, model.dtype=..., hardware=<name>, hardware.x=...")
     ap.add_argument("--remeasure", action="store_true", help="measure even when a cached curve exists")
     ap.add_argument("--batch-size", type=int, default=1, help="also measure batches of 2, 4, … up to this many rows")

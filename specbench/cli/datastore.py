@@ -1,4 +1,4 @@
-"""``python -m specbench.datastore build|refine|info``: build, refine and inspect retrieval datastores."""
+"""``specbench datastore build|refine|info``: build, refine and inspect retrieval datastores."""
 
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ def refine_from_args(args: Any) -> Datastore:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m specbench.datastore",
+    parser = argparse.ArgumentParser(prog="specbench datastore",
                                      description="Build, refine and inspect token datastores for retrieval drafting.")
     sub = parser.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)

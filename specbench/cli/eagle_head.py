@@ -1,4 +1,4 @@
-"""``python -m specbench.eagle_head``: train an EAGLE, EAGLE-3 or Medusa head for a target, resumably.
+"""``specbench train-head``: train an EAGLE, EAGLE-3 or Medusa head for a target, resumably.
 
 The data (:func:`specbench.drafting.eagle_training.offline_conversations`) is text every Python carries and
 no evaluation set holds. The target's features are computed once and kept beside the head's checkpoint
@@ -41,7 +41,7 @@ from specbench.paths import atomic_publish, private_tmp
 
 def main(argv: list[str] | None = None) -> Path:
     ap = argparse.ArgumentParser(
-        prog="python -m specbench.eagle_head",
+        prog="specbench train-head",
         description="Train an EAGLE head for a target on offline text. Other arguments are run.py overrides "
         "(model=..., hardware=...).")
     ap.add_argument("--kind", choices=(*KINDS, "medusa", "dflash"), default="eagle")

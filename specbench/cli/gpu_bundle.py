@@ -1,4 +1,4 @@
-"""``make gpu-bundle`` (``python -m specbench.cli.gpu_bundle``): the wheels a GPU machine without network lacks,
+"""``make gpu-bundle`` (``specbench gpu-bundle``): the wheels a GPU machine without network lacks,
 for ``./gpu_check.sh`` there.
 
 A lent GPU machine has torch, transformers, accelerate, numpy, pandas, pyarrow, matplotlib, safetensors and
@@ -38,7 +38,7 @@ def pip(*args: str) -> subprocess.CompletedProcess:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m specbench.cli.gpu_bundle", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="specbench gpu-bundle", description=__doc__.split("\n\n")[0])
     ap.add_argument("--python", default="3.12", help="the GPU machine's Python, major.minor (default 3.12)")
     ap.add_argument("--out", type=Path, default=Path(".gpu-bundle"))
     args = ap.parse_args(argv)

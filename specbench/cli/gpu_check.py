@@ -1,4 +1,4 @@
-"""``python -m specbench.gpu_check`` (``make gpu-check``): the GPU paths checked on this machine's CUDA GPU,
+"""``specbench gpu-check`` (``make gpu-check``): the GPU paths checked on this machine's CUDA GPU,
 offline, on random-weight Llama-2-7B and Llama-3-8B shapes (:mod:`specbench.run.gpu_check`).
 
 Runs in stages (``--list-stages``; ``--stages`` picks some), each written to ``--out`` as it finishes; prints
@@ -114,7 +114,7 @@ def _write(path: Path, text: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m specbench.gpu_check", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="specbench gpu-check", description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--tiny", action="store_true", help="small shapes (a self-test of the code on any device)")
     ap.add_argument("--out", type=Path, help="write each stage's rows here as it finishes (markdown and JSON)")

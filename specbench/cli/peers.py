@@ -1,7 +1,7 @@
-"""``python -m specbench.cli.peers`` (``make peers``): build llama.cpp's server from the sources PyPI ships.
+"""``specbench peers`` (``make peers``): build llama.cpp's server from the sources PyPI ships.
 
-    python -m specbench.cli.peers build     # download the sdist once, build llama-server (5-10 min on 2 cores)
-    python -m specbench.cli.peers status    # where the build is, and whether it is there
+    specbench peers build     # download the sdist once, build llama-server (5-10 min on 2 cores)
+    specbench peers status    # where the build is, and whether it is there
 
 What the engine rows mean and how to read them beside ours: docs/peers.md.
 """
@@ -16,7 +16,7 @@ from specbench.peers import llamacpp
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m specbench.cli.peers", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="specbench peers", description=__doc__.splitlines()[0])
     ap.add_argument("action", choices=("build", "status"), nargs="?", default="status")
     ap.add_argument("--jobs", type=int, default=None, help="parallel compile jobs (default: every core)")
     ap.add_argument("--rebuild", action="store_true", help="build even when a server is there")

@@ -1,4 +1,4 @@
-"""``python -m specbench.report`` (also the ``specbench`` command): the paper's tables and figures from results/."""
+"""``specbench report`` (also the ``specbench`` command): the paper's tables and figures from results/."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def _compare(items: Sequence[str]) -> dict[str, str]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="specbench",
+        prog="specbench report",
         description="Tables and figures of the SPECTRA paper from results/, beside the published numbers.",
     )
     parser.add_argument("what", nargs="*", default=["all"],
@@ -49,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if "summary" in args.what:
         if args.what != ["summary"]:
-            parser.error("summary is written alone: python -m specbench.report summary --results <folder>")
+            parser.error("summary is written alone: specbench report summary --results <folder>")
         from specbench.tables.summary import write_summary
 
         with one_line_errors():
@@ -61,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     if "site" in args.what:
         if args.what != ["site"]:
-            parser.error("site is written alone: python -m specbench.report site --results <folder> --out <folder>")
+            parser.error("site is written alone: specbench report site --results <folder> --out <folder>")
         from specbench.tables.site import MAX_GENERATIONS, write_site
 
         out = args.out if args.out != "reports" else "reports/site"

@@ -6,7 +6,7 @@ state after ``y_i`` was fed, which the draft computes anyway to draft
 i.e. ``min(1, p(y_i) / q(y_i))``. Drafting stops when the predicted chance that
 at least one drafted token is rejected exceeds ``h``: ``1 - Π p̂_i > h``.
 
-Training (:mod:`specbench.drafting.head_training`; ``python -m specbench.acceptance_head``, or ``make train-acceptance-head``):
+Training (:mod:`specbench.drafting.head_training`; ``specbench train-acceptance-head``, or ``make train-acceptance-head``):
 
 1. the target answers each prompt (sampled at the training temperature);
 2. the draft reads prompt + answer and samples a token at every answer
@@ -30,8 +30,8 @@ The head is saved as ``$SPECBENCH_CACHE/acceptance_heads/<target>__<draft>.pt``
 (``...__greedy.pt`` for greedy labels) with the identity of the target and the
 draft it was trained for and its temperature.
 
-    python -m specbench.acceptance_head model=smollm2-135m method=specdec_pp --prompts 60
-    python -m specbench.acceptance_head model=smollm2-135m method=specdec_pp --temperature 0
+    specbench train-acceptance-head model=smollm2-135m method=specdec_pp --prompts 60
+    specbench train-acceptance-head model=smollm2-135m method=specdec_pp --temperature 0
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def train_command(target_name: str, settings, greedy: bool = False) -> str:
         if f.name in ("draft_model", "self_first_layers", "self_skip_layers")
     )
     temperature = " --temperature 0" if greedy else ""
-    return f"python -m specbench.acceptance_head model={target_name} method=specdec_pp {fields}{temperature}"
+    return f"specbench train-acceptance-head model={target_name} method=specdec_pp {fields}{temperature}"
 
 
 def _override(value) -> str:

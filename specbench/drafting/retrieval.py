@@ -1,7 +1,7 @@
 """Retrieval guesses from a datastore, shared by every retrieval method (REST, SPECTRA-RETRIEVAL, SPECTRA).
 
 One lookup takes the continuations of the longest context suffix found in the
-store (:meth:`specbench.datastore.Datastore.search`), inserts them into a
+store (:meth:`specbench.stores.datastore.Datastore.search`), inserts them into a
 :class:`specbench.trie.WeightedTrie` (a node's weight = how many of them share
 that prefix), and reads either a tree of the top-weighted nodes
 (:func:`retrieval_tree`, REST) or the best root-to-leaf sequences

@@ -5,7 +5,7 @@ mask, every row's logits; then the cache compacted to an accepted path of three 
 :data:`QS` after a few context lengths, every device synchronised, the fastest of a few repeats, each row made
 non-decreasing in q (pool adjacent violators). :func:`measure_batch` does the same for B rows a forward
 (``Target.forward_rows``). Curves are cached per machine, software, model, dtype, attention and placement under
-``$SPECBENCH_CACHE/costs/``, ``budget=static``'s drafting tables beside them. ``python -m specbench.costs``
+``$SPECBENCH_CACHE/costs/``, ``budget=static``'s drafting tables beside them. ``specbench costs``
 prints a curve.
 """
 

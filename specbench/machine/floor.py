@@ -4,7 +4,7 @@ A decoding forward of q small tokens multiplies each weight matrix by q vectors,
 below by the weights' bytes over the memory's read bandwidth, whatever q is (until the arithmetic of q
 tokens outweighs the reads). :func:`floor` measures the bandwidth the way a forward reads, a reduction
 over a buffer larger than the caches with torch's threads, and gives that bound beside the cost curve
-(``python -m specbench.costs``).
+(``specbench costs``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The summary of any set of results: one row per model × dataset × preset (× temperature, batch size), each
 method's speedup over the baseline of its own job, every figure with its interval, the paper's where it has one.
 
-``python -m specbench.report summary --results DIR`` (``make summary RESULTS=DIR``) writes ``summary.md`` and
+``specbench report summary --results DIR`` (``make summary RESULTS=DIR``) writes ``summary.md`` and
 ``summary.csv``; a sweep prints the table when it ends; ``make report`` and ``make site`` carry it for every
 results folder. The columns are defined once, in :data:`LEGEND` (printed under the table, and in the README).
 """

@@ -14,7 +14,7 @@ weights, no internet. Correctness runs on a few layers of full width, speed on a
 
 :mod:`specbench.run.gpu_speed` measures the cost curve and the speed table, :mod:`specbench.run.gpu_forward`
 ``forward=compiled``'s CUDA graphs. Every function takes the device, so the same code runs on the CPU with tiny
-shapes (``tiny=True``) in the test suite; ``python -m specbench.gpu_check`` prints the table.
+shapes (``tiny=True``) in the test suite; ``specbench gpu-check`` prints the table.
 """
 from __future__ import annotations
 

@@ -127,4 +127,4 @@ def sweep_table(folders: list[str]) -> str:
     common = os.path.commonpath(folders) if folders else ""
     common = str(Path(common).parent) if len(folders) == 1 else common
     return (format_summary(summary_frame(rows)) + f"\n\nsummary.md, .csv and .png: make summary RESULTS={common}"
-            f" (or python -m specbench.report summary --results {common})")
+            f" (or specbench report summary --results {common})")

@@ -195,7 +195,7 @@ class Datastore:
 def read_meta(path: Path, hint: str | None = None) -> dict:
     file = Path(path) / META
     if not file.exists():
-        fix = f"build one with `{hint}`" if hint else "build one with `python -m specbench.datastore build`"
+        fix = f"build one with `{hint}`" if hint else "build one with `specbench datastore build`"
         raise ConfigError(f"no datastore at {path}: {fix}")
     try:
         meta = json.loads(file.read_text())

@@ -76,10 +76,10 @@ def build_command(spec: str, model_cfg: Any, *, refined: bool = False) -> str:
     hub = HUB_PRESETS.get(spec)
     if refined:
         if is_path_spec(spec):
-            return f"python -m specbench.datastore refine --model {model} --store {spec}"
+            return f"specbench datastore refine --model {model} --store {spec}"
         return f"make datastore-refine MODEL={model} STORE={spec}" + (f" SAMPLE={hub.records}" if hub else "")
     if is_path_spec(spec):
-        return f"python -m specbench.datastore build --model {model} --source <stdlib|dir:DIR|file:FILE|hub:ID|generate:DATASET> --out {spec}"
+        return f"specbench datastore build --model {model} --source <stdlib|dir:DIR|file:FILE|hub:ID|generate:DATASET> --out {spec}"
     return BUILD_HINT.format(model=model, source=spec) + (f" LIMIT={hub.records}" if hub else "")
 
 

@@ -1,6 +1,6 @@
 """Write the reports asked for: tables (Markdown, LaTeX, CSV) and figures (PNG, PDF), and an index.
 
-``python -m specbench.report [what ...] --results results --out reports`` (or the
+``specbench report [what ...] --results results --out reports`` (or the
 ``specbench`` command) reads the parquet rows of each experiment
 (``<results>/<experiment>/``) and writes, per table, Markdown, LaTeX and a long
 CSV (one line per cell: ours, the paper's, their ratio), and figures as PNG and

@@ -1,5 +1,5 @@
 """The results site: one static folder that opens from ``file://`` with no server (``make site``,
-``python -m specbench.report site``).
+``specbench report site``).
 
 ``index.html`` carries everything but the figures (its data as JSON inside the page, the script and styles
 inline); the figures are PNG files beside it. It shows

@@ -552,7 +552,7 @@ def test_costs_command_prints_the_curve_and_caches_it(tmp_path):
     import sys
 
     env = {**os.environ, "SPECBENCH_CACHE": str(tmp_path)}
-    cmd = [sys.executable, "-m", "specbench.costs", "model=tiny-llama"]
+    cmd = [sys.executable, "-m", "specbench", "costs", "model=tiny-llama"]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "q=128" in out.stdout and "×t(1)" in out.stdout and "context" in out.stderr  # measured, with progress

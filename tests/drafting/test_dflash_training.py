@@ -132,7 +132,7 @@ def test_a_trained_drafter_drafts_for_method_dflash_losslessly(tiny_llama, tmp_p
 
 @pytest.mark.slow  # ~20 s (two runs of the command, each composing its config and reading the training text)
 def test_the_training_command_writes_a_drafter_where_method_dflash_finds_it(tmp_path, monkeypatch, capsys):
-    """``python -m specbench.eagle_head --kind dflash`` (``make train-dflash``) on the tiny Llama: a drafter in
+    """``specbench train-head --kind dflash`` (``make train-dflash``) on the tiny Llama: a drafter in
     speculators' layout where ``head: trained`` finds it, training.json with the held-out history; run again, it
     resumes from its checkpoint."""
     import json

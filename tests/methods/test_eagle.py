@@ -811,7 +811,7 @@ def test_sam_decoding_with_eagle_below_its_threshold_is_lossless(tiny_llama, tin
 
 @pytest.mark.slow  # ~14 s: keeps `make test` under its 10 minutes on a clean clone
 def test_train_command_then_a_run_reads_the_head(tmp_path, monkeypatch, capsys):
-    """``python -m specbench.eagle_head`` on the tiny Llama: features once for every head reading the same
+    """``specbench train-head`` on the tiny Llama: features once for every head reading the same
     layer, a head in the cache where ``head: auto`` finds it, training.json with the held-out history; run
     again, it resumes from its checkpoint; ``run.py method=eagle`` and ``method=medusa`` then decode with them."""
     from specbench.cli.eagle_head import main

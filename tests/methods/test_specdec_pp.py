@@ -111,7 +111,7 @@ def test_drafter_stops_where_the_rule_says(tiny_llama, cache):
 def test_missing_head_fails_before_the_model_loads(cache, tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     cfg = cfg_for(tmp_path, "method=specdec_pp", "method.self_first_layers=1")
-    with pytest.raises(ConfigError, match="no acceptance head .* train one with `python -m specbench.acceptance_head") as err:
+    with pytest.raises(ConfigError, match="no acceptance head .* train one with `specbench train-acceptance-head") as err:
         runner.run(cfg)
     assert "\n" not in str(err.value)
     assert train_command("tiny-llama", SpecDecPPConfig(self_first_layers=1), greedy=True) in str(err.value)

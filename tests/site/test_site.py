@@ -84,11 +84,11 @@ def test_table_view_keeps_rows_with_our_figures_and_columns_with_any():
 
 @pytest.mark.slow
 def test_site_command_and_a_missing_results_folder(results, tmp_path):
-    done = subprocess.run([sys.executable, "-m", "specbench.report", "site", "--results", str(results), "--out",
+    done = subprocess.run([sys.executable, "-m", "specbench", "report", "site", "--results", str(results), "--out",
                            str(tmp_path / "s")], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "s" / "index.html").is_file()
-    bad = subprocess.run([sys.executable, "-m", "specbench.report", "site", "--results", str(tmp_path / "none")],
+    bad = subprocess.run([sys.executable, "-m", "specbench", "report", "site", "--results", str(tmp_path / "none")],
                          capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert bad.returncode != 0 and "no results folder" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
 

@@ -146,7 +146,7 @@ def test_resolve_and_check_store(tmp_path, monkeypatch):
         check_store("stdlib", model)
     with pytest.raises(ConfigError, match=r"`make datastore-refine MODEL=tiny-llama STORE=stdlib`$"):
         check_store("stdlib", model, refined=True)
-    with pytest.raises(ConfigError, match=r"python -m specbench.datastore build --model tiny-llama .*--out"):
+    with pytest.raises(ConfigError, match=r"specbench datastore build --model tiny-llama .*--out"):
         check_store(str(tmp_path / "mine"), model)
     write_store(resolve_store("stdlib", model), DOCS, tokenizer=IDENT10, source={}, progress=False)
     assert check_store("stdlib", model) == resolve_store("stdlib", model)

@@ -124,7 +124,7 @@ def test_missing_store_and_mismatch_through_run_py(cache, tmp_path, corpus_dir):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith(f"error: datastore {tmp_path}/g was built for tokenizer tiny-llama (vocab 128), not for ")
-    assert "(vocab 130): build one for this model with `python -m specbench.datastore build --model tiny-llama" in last
+    assert "(vocab 130): build one for this model with `specbench datastore build --model tiny-llama" in last
     assert not list(tmp_path.rglob("*.parquet"))
 
 

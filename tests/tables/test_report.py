@@ -284,7 +284,7 @@ def test_report_on_runner_rows(tmp_path, paper_dir):
 
 def test_cli_bad_paper_dir_is_one_line(tmp_path):
     out = subprocess.run(
-        [sys.executable, "-m", "specbench.report", "table1", "--results", str(tmp_path),
+        [sys.executable, "-m", "specbench", "report", "table1", "--results", str(tmp_path),
          "--out", str(tmp_path / "o"), "--paper-dir", str(tmp_path / "nope")],
         capture_output=True, text=True, cwd=ROOT, timeout=120,
     )
@@ -295,7 +295,7 @@ def test_cli_bad_paper_dir_is_one_line(tmp_path):
 
 def test_cli_unknown_output_suggests(tmp_path):
     out = subprocess.run(
-        [sys.executable, "-m", "specbench.report", "tabel1", "--results", str(tmp_path), "--out",
+        [sys.executable, "-m", "specbench", "report", "tabel1", "--results", str(tmp_path), "--out",
          str(tmp_path / "o")],
         capture_output=True, text=True, cwd=ROOT, timeout=120,
     )
