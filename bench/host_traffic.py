@@ -1,5 +1,5 @@
 """Host traffic per decode step of every method on simulated CUDA GPUs (tests/simgpu.py): implicit syncs (with
-each step's ceiling, specbench.run.syncs),
+each step's ceiling, specbench.gpucheck.syncs),
 uploads (pinned / pageable) and bytes, and copies between GPUs, greedy and sampling, the tiny 8-layer Llama of
 the simulated-GPU tests on 1 and 2 GPUs (device_map=auto). Counts, not times: they are the same on any machine.
 

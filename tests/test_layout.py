@@ -32,6 +32,7 @@ LAYERS = {
     "specbench.machine": 4,  # what this machine costs: the curve measured and cached
     "methods": 5,
     "specbench.run": 6,
+    "specbench.gpucheck": 6,  # the lent-GPU check: models, methods and decoding, never a job
     "specbench.tables": 7,
     "specbench.cli": 8,
     "specbench.__main__": 9,  # `python -m specbench <verb>`: the command where it is not installed

@@ -1,5 +1,5 @@
 """``specbench gpu-check`` (``make gpu-check``): the GPU paths checked on this machine's CUDA GPU,
-offline, on random-weight Llama-2-7B and Llama-3-8B shapes (:mod:`specbench.run.gpu_check`).
+offline, on random-weight Llama-2-7B and Llama-3-8B shapes (:mod:`specbench.gpucheck.check`).
 
 Runs in stages (``--list-stages``; ``--stages`` picks some), each written to ``--out`` as it finishes; prints
 the checks, the speed table and the cost curves; exits 1 when a check fails and 2, in one line, when torch
@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 
 from methods.registry import method_names
-from specbench.run.gpu_check import LONG_CONTEXT, Stage, plan_stages, run_checks
-from specbench.run.gpu_models import DTYPES, SHAPES
+from specbench.gpucheck.check import LONG_CONTEXT, Stage, plan_stages, run_checks
+from specbench.gpucheck.models import DTYPES, SHAPES
 
 
 def _environment() -> str:

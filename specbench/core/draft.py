@@ -324,7 +324,7 @@ class Drafter:
     # the verification forward itself, accepted rows only (VerifyResult.features, the prompt's in prefilled).
     feature_layers: tuple[int, ...] = ()
     batchable: ClassVar[bool] = True  # False: its drafts cannot be made per request beside others (batch > 1)
-    HOST_READS: ClassVar[int] = 0  # device→host reads drafting adds to a step (GPU syncs; specbench.run.syncs)
+    HOST_READS: ClassVar[int] = 0  # device→host reads drafting adds to a step (GPU syncs; specbench.gpucheck.syncs)
     needs_reference: ClassVar[bool] = False  # the oracle: DrafterContext.reference and forward_cost are given
     catches_up: bool = False  # after steps it did not draft, its next draft first feeds it the tokens they committed
 

@@ -6,7 +6,7 @@ paper placement loads a 70B one (``hardware.device_map=auto``, ``num_gpus``, eac
 share); heads are random heads written in their published formats and placed by the drafters themselves;
 the draft-model methods run a self-draft of the target's first layers. Each output must equal the plain CPU
 run's token for token (the simulated GPUs compute on the CPU), and each decode step's host syncs, counted as a
-real GPU counts them (torch's sync debug mode's warnings, :mod:`specbench.run.syncs`), must stay within its
+real GPU counts them (torch's sync debug mode's warnings, :mod:`specbench.gpucheck.syncs`), must stay within its
 method's ceiling, greedy and sampling, and reach it.
 """
 
@@ -30,8 +30,8 @@ from specbench.core.draft import Draft, Drafter, DrafterContext, ScopedMemory
 from specbench.core.forward import Target
 from specbench.core.reference import References
 from specbench.drafting.eagle_drafter import random_head
+from specbench.gpucheck.syncs import batch_ceiling, ceilings, count, judge, step_syncs, sync_warnings
 from specbench.models import load_model
-from specbench.run.syncs import batch_ceiling, ceilings, count, judge, step_syncs, sync_warnings
 from specbench.stores.datastore import write_store
 from tests.conftest import CPU_SDPA, model_cfg
 from tests.methods.test_contract import TARGET_NAME, _head, shipped_methods
@@ -239,7 +239,7 @@ def test_host_syncs_per_step_stay_within_the_methods_ceiling_and_reach_it(case, 
                                                                           saved):
     """On 2 GPUs, greedy and at T = 1: each decode step's syncs, counted from the sync debug mode's warnings as
     gpu-check counts them on a real GPU, equal the simulator's own count, lie within [1, the step's ceiling]
-    (:func:`specbench.run.syncs.ceilings`), and some step reaches its ceiling (so it is what the method needs,
+    (:func:`specbench.gpucheck.syncs.ceilings`), and some step reaches its ceiling (so it is what the method needs,
     not slack); no pageable upload on the hot path."""
     rec, watch = _TRAFFIC.get((case, temperature)) or step_traffic(case, models[2], 2, saved, store, heads,
                                                                    temperature)
@@ -309,7 +309,7 @@ def test_every_method_decoded_in_a_batch_gives_each_request_its_autoregressive_o
     """Greedy, fp32: requests decoded together (rows at their own lengths, finished slots refilled) yield
     token for token what each yields alone with plain decoding; on the simulated GPUs under budget=auto (each
     step's block planned for all rows), each batched step within its sync ceiling
-    (:func:`specbench.run.syncs.batch_ceiling`)."""
+    (:func:`specbench.gpucheck.syncs.batch_ceiling`)."""
     sampling = SamplingParams()
     if not _AR_BATCH:
         for req in batch_requests(models[0], lambda: Drafter(vocab_size=0)):

@@ -9,8 +9,10 @@ from specbench.cli import gpu_check as cli
 from specbench.core import forward
 from specbench.core.draft import Drafter
 from specbench.core.forward import Target
-from specbench.run import gpu_check, gpu_models, gpu_scenarios
-from specbench.run.gpu_check import TINY, build, check_compaction, check_methods, check_tree, prompts
+from specbench.gpucheck import check as gpu_check
+from specbench.gpucheck import models as gpu_models
+from specbench.gpucheck import scenarios as gpu_scenarios
+from specbench.gpucheck.check import TINY, build, check_compaction, check_methods, check_tree, prompts
 
 
 def test_without_cuda_it_refuses_in_one_line(monkeypatch, capsys):
@@ -266,7 +268,7 @@ def test_stages_run_kind_by_kind_over_both_shapes_and_a_deadline_skips_what_woul
     named with the command that runs it, a shorter one after it still runs; each check's seconds are kept."""
     import json
 
-    from specbench.run import gpu_stages
+    from specbench.gpucheck import stages as gpu_stages
 
     order = [st.name for st in gpu_check.plan_stages(tiny=True)]
     assert order[:4] == ["plan", "sdpa", "llama2-7b-fp32", "llama3-8b-fp32"] and order[-1] == "llama3-8b-forward"
@@ -283,7 +285,7 @@ def test_stages_run_kind_by_kind_over_both_shapes_and_a_deadline_skips_what_woul
 
 
 def test_a_stages_estimate_scales_with_its_tokens_and_the_pace_of_the_stages_before_it():
-    from specbench.run.gpu_stages import FIXED, H100_SECONDS, Stage, estimate, pace
+    from specbench.gpucheck.stages import FIXED, H100_SECONDS, Stage, estimate, pace
 
     fp16 = Stage("llama2-7b", "fp16")
     assert estimate(fp16, 32, 24, 24) == pytest.approx(H100_SECONDS["llama2-7b-fp16"])
@@ -312,7 +314,7 @@ def test_the_forward_stage_checks_graphs_against_eager_and_catches_a_graph_that_
     output equal eager decoding's, and the step times and per-step counts are reported; a graph whose inputs are
     never refreshed (it replays the step it was captured on) fails the logits and lossless rows."""
     from specbench.core.graphs import StepGraph
-    from specbench.run.gpu_stages import Stage
+    from specbench.gpucheck.stages import Stage
 
     def run():
         stage = gpu_check.run_stage(Stage("llama3-8b", "forward"), "cpu", tmp_path / "work", tmp_path / "heads",

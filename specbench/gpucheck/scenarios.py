@@ -1,4 +1,4 @@
-"""gpu-check's rows for the ways users run it beyond greedy on one GPU (:mod:`specbench.run.gpu_check` calls them):
+"""gpu-check's rows for the ways users run it beyond greedy on one GPU (:mod:`specbench.gpucheck.check` calls them):
 
 - ``sampling T = 1``: every method samples; the tokens it emits must look like the target's own draws (their
   log-probabilities against the target's entropy, a z-test) and none may be one the target all but excludes (a
@@ -31,8 +31,8 @@ from specbench.core.decode import Request, decode_batch, generate
 from specbench.core.draft import Drafter
 from specbench.core.forward import Target
 from specbench.errors import ModelLoadError
+from specbench.gpucheck.models import DTYPES, Row, drafters
 from specbench.models.shards import share_layer_inputs
-from specbench.run.gpu_models import DTYPES, Row, drafters
 
 LEAST_PROBABILITY = 1e-12  # below this, a sampled token is a broken rule, not chance
 Z_LIMIT = 5.0  # a correct rule strays this far once in ~3.5 million checks

@@ -1,5 +1,5 @@
 """gpu-check's speed stage and the checks that go with it: the cost curve of a model that fills the GPU; per method
-τ, draft and forward ms per step, implicit host syncs per step (torch's sync debug mode, :mod:`specbench.run.syncs`:
+τ, draft and forward ms per step, implicit host syncs per step (torch's sync debug mode, :mod:`specbench.gpucheck.syncs`:
 reads of GPU values and blocking copies; the timing's explicit synchronizes are not counted) and peak memory; every
 step's syncs against its method's ceiling, greedy and at T = 1."""
 
@@ -15,9 +15,9 @@ import torch
 from specbench.core.acceptance import SamplingParams
 from specbench.core.decode import generate
 from specbench.core.forward import Target
-from specbench.run.gpu_models import Row, drafters
-from specbench.run.gpu_stages import ROUNDS
-from specbench.run.syncs import ceilings, judge, step_syncs
+from specbench.gpucheck.models import Row, drafters
+from specbench.gpucheck.stages import ROUNDS
+from specbench.gpucheck.syncs import ceilings, judge, step_syncs
 
 
 def speed(target: Target, model_name: str, texts: list[list[int]], new_tokens: int, workdir: Path,
@@ -94,7 +94,7 @@ def check_syncs(target: Target, dtype: str, model_name: str, texts: list[list[in
                 only: tuple[str, ...] | None = None, heads: Path | None = None
                 ) -> tuple[list[Row], dict[str, float]]:
     """Every method (or those ``only`` names), greedy and at T = 1: each decode step's host syncs, counted from
-    torch's sync debug mode, within [1, its ceiling] (:func:`specbench.run.syncs.ceilings`); and each method's
+    torch's sync debug mode, within [1, its ceiling] (:func:`specbench.gpucheck.syncs.ceilings`); and each method's
     greedy syncs per step. Off CUDA nothing is counted and the rows say so."""
     if not torch.cuda.is_available():
         return [("host syncs", model_name, dtype, True, "not counted: no CUDA device")], {}

@@ -28,11 +28,11 @@ from specbench.core.decode import generate
 from specbench.core.draft import Draft, Drafter
 from specbench.core.engine import CompiledTarget
 from specbench.core.forward import Target
+from specbench.gpucheck.models import Row, build, drafters, prompts
+from specbench.gpucheck.speed import fit_layers
+from specbench.gpucheck.stages import Stage
+from specbench.gpucheck.syncs import ceilings, judge, step_syncs
 from specbench.machine.costs import _tree, timed_step
-from specbench.run.gpu_models import Row, build, drafters, prompts
-from specbench.run.gpu_speed import fit_layers
-from specbench.run.gpu_stages import Stage
-from specbench.run.syncs import ceilings, judge, step_syncs
 
 QS = (1, 2, 8, 32, 128)
 SHORT = 128  # the short context t(q) is timed at; the long one is gpu-check's --long-context (2,048)

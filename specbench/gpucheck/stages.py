@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-ROUNDS = 3  # the speed table's rounds of one prompt each (specbench.run.gpu_speed)
+ROUNDS = 3  # the speed table's rounds of one prompt each (specbench.gpucheck.speed)
 
 Row = tuple[str, str, str, bool, str]
 KINDS = ("fp32", "fp16", "bf16", "speed", "forward")
@@ -39,7 +39,7 @@ class Stage:
     ``sdpa`` (the tree mask under each attention backend), ``<model>-<dtype>`` (correctness in fp32, fp16 or
     bf16), ``<model>-speed`` (the cost curve, the speed table, host syncs per step against each method's
     ceiling) or ``<model>-forward`` (``forward=compiled``'s CUDA graphs against eager:
-    :mod:`specbench.run.gpu_forward`). ``timings``: seconds per check; ``profiles``: torch.profiler's tables per method (speed)."""
+    :mod:`specbench.gpucheck.forward`). ``timings``: seconds per check; ``profiles``: torch.profiler's tables per method (speed)."""
 
     model: str
     kind: str

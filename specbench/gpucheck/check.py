@@ -1,4 +1,4 @@
-"""The GPU paths, checked on random-weight models built from configs (:mod:`specbench.run.gpu_models`): no
+"""The GPU paths, checked on random-weight models built from configs (:mod:`specbench.gpucheck.models`): no
 weights, no internet. Correctness runs on a few layers of full width, speed on all 32. Each check returns rows
 ``(check, model, dtype, ok, detail)``:
 
@@ -10,9 +10,9 @@ weights, no internet. Correctness runs on a few layers of full width, speed on a
   argmax of a teacher-forced forward over the output, to within the baseline's own margin;
 - ``device_map``: the same weights straight onto one GPU and through ``device_map=auto`` give identical outputs;
 - sampling at T = 1, ``budget=auto``, a model split between cuda:0 and the CPU, and the 70B placement plan:
-  :mod:`specbench.run.gpu_scenarios`.
+  :mod:`specbench.gpucheck.scenarios`.
 
-:mod:`specbench.run.gpu_speed` measures the cost curve and the speed table, :mod:`specbench.run.gpu_forward`
+:mod:`specbench.gpucheck.speed` measures the cost curve and the speed table, :mod:`specbench.gpucheck.forward`
 ``forward=compiled``'s CUDA graphs. Every function takes the device, so the same code runs on the CPU with tiny
 shapes (``tiny=True``) in the test suite; ``specbench gpu-check`` prints the table.
 """
@@ -32,9 +32,9 @@ from methods.registry import get_method
 from specbench.core.decode import generate
 from specbench.core.draft import Draft, Drafter
 from specbench.core.forward import Target
-from specbench.run import gpu_stages
-from specbench.run.gpu_forward import run_forward
-from specbench.run.gpu_models import (
+from specbench.gpucheck import stages as gpu_stages
+from specbench.gpucheck.forward import run_forward
+from specbench.gpucheck.models import (
     DTYPES,
     SHAPES,
     TINY,
@@ -45,9 +45,9 @@ from specbench.run.gpu_models import (
     margins,
     prompts,
 )
-from specbench.run.gpu_scenarios import check_batch, check_budget_auto, check_sampling, check_split, plan_70b
-from specbench.run.gpu_speed import check_syncs, fit_layers, profile, speed
-from specbench.run.gpu_stages import Stage, estimate, pace
+from specbench.gpucheck.scenarios import check_batch, check_budget_auto, check_sampling, check_split, plan_70b
+from specbench.gpucheck.speed import check_syncs, fit_layers, profile, speed
+from specbench.gpucheck.stages import Stage, estimate, pace
 
 __all__ = ["SHAPES", "TINY", "build", "check_compaction", "check_methods", "check_tree", "fit_layers", "prompts",
            "run_checks"]
@@ -276,7 +276,7 @@ def correctness(target: Target, dtype: str, model_name: str, texts: list[list[in
 
 def plan_stages(tiny: bool = False, models: tuple[str, ...] | None = None,
                 dtypes: tuple[str, ...] | None = None, stages: tuple[str, ...] | None = None) -> list[Stage]:
-    """The stages of these shapes in the order they run (:func:`specbench.run.gpu_stages.plan_stages`)."""
+    """The stages of these shapes in the order they run (:func:`specbench.gpucheck.stages.plan_stages`)."""
     shapes = [k for k in (TINY if tiny else SHAPES) if models is None or k in models]
     return gpu_stages.plan_stages(shapes, dtypes, stages)
 
@@ -310,7 +310,7 @@ def run_stage(stage: Stage, device: str, work: Path, heads: Path, *, tiny: bool 
                 progress(f"stage {stage.name}: device_map")
                 stage.rows += guarded("device_map", stage.model, stage.kind, lambda: check_device_map(
                     model, stage.kind, stage.model, texts[:1], new_tokens, work, device, heads=heads), stage.timings)
-        elif stage.kind == "forward":  # forward=compiled: CUDA graphs against eager (specbench.run.gpu_forward)
+        elif stage.kind == "forward":  # forward=compiled: CUDA graphs against eager (specbench.gpucheck.forward)
             stage.rows += run_forward(stage, shapes[stage.model], device, work, heads, layers, speed_layers, new_tokens,
                                       long_context, only, lambda c, fn: guarded(c, stage.model, "fp32", fn, stage.timings))
         else:
