@@ -76,13 +76,13 @@ def simulate(planner: AutoBudget, steps: int, accept: float | Callable[[int], fl
 
 
 def level_clock(base: float = 0.0002, per_level: float = 0.002, stopped: float = 0.0001, drift: float = 0.0,
-                spikes: int = 0, steps: int = 1):
-    """Drafting seconds: ``base + per_level × depth``, growing by ``drift`` over ``steps`` steps, doubled every
-    ``spikes``-th step; ``stopped`` for a step that drafts nothing."""
+                spikes: int = 0, steps: int = 1, factor: float = 2.0):
+    """Drafting seconds: ``base + per_level × depth``, growing by ``drift`` over ``steps`` steps, ``factor`` times
+    that every ``spikes``-th step; ``stopped`` for a step that drafts nothing."""
     def clock(step: int, depth: int, top_k: int = 0) -> float:
         if not depth:
             return stopped
-        spike = 2.0 if spikes and step % spikes == 0 else 1.0
+        spike = factor if spikes and step % spikes == 0 else 1.0
         return (base + per_level * depth) * (1 + drift * step / steps) * spike
     return clock
 

@@ -15,7 +15,7 @@ import pytest
 
 from specbench.budget.costs import CostModel
 from specbench.budget.drafting import DraftingCost
-from specbench.budget.planner import ALLOWANCE_FLOOR, EXPLORE_EVERY, AutoBudget
+from specbench.budget.planner import ALLOWANCE_FLOOR, EXPLORE_EVERY, SPIKE, AutoBudget
 from specbench.budget.simulated import CPU, calibrated, level_clock, simulate
 from specbench.core.draft import Draft
 from specbench.machine.costs import read_table
@@ -37,6 +37,20 @@ def test_drafting_that_never_pays_stays_within_the_allowance_through_spikes_and_
     why = Counter(planner.why)  # the wait doubles per plain step's worth the explorations lost: log2(steps / 16)
     assert why["explored"] > 3 and planner.explored <= math.log2(steps / EXPLORE_EVERY) + 1
     assert why["plain"] > 0.99 * steps and planner.regret < 0.005 * planner.elapsed
+
+
+@pytest.mark.parametrize(("factor", "spikes"), [(2.0, 5), (3.0, 1), (3.0, 5), (4.0, 5)])
+def test_a_spike_past_spike_overruns_the_allowance_by_at_most_its_excess(factor, spikes):
+    """The limit of the allowance: a forced step (a first draft, a probe) is checked with its drafting at SPIKE
+    times the model. Drafting that never pays, calibrated on a calm clock, then run on one that takes ``factor``
+    times as long every ``spikes``-th step: at SPIKE the regret never passes the allowance; past it, by at most
+    one step's drafting beyond SPIKE times the model ((factor − SPIKE) × 11 ms against a 20 ms step), never
+    accumulating (after an overrun nothing fits until the allowance has grown past the regret)."""
+    planner = calibrated(level_clock(base=0.001))
+    result = simulate(planner, 3000, 0.0, level_clock(base=0.001, spikes=spikes, factor=factor))
+    limit = (factor - SPIKE) * (0.001 + 0.002 * 5) / CPU(1, 0)
+    assert max(result.over) <= limit + 1e-9
+    assert (max(result.over) > 0) == (factor > SPIKE)  # the spike past SPIKE does overrun: the limit is real
 
 
 def test_scores_are_scaled_by_what_the_run_accepted_of_what_the_model_expected():
