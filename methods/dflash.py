@@ -33,7 +33,7 @@ import torch
 
 from methods.registry import register_method
 from specbench.core.acceptance import SamplingParams, sample_rows, target_probs
-from specbench.core.draft import SOURCE_HEAD, DecodeState, Draft, Drafter, VerifyResult
+from specbench.core.draft import SOURCE_BLOCK, DecodeState, Draft, Drafter, VerifyResult
 from specbench.core.forward import runs_on
 from specbench.core.kv import upload
 from specbench.drafting.dflash import Context
@@ -159,12 +159,12 @@ class DFlash(Drafter):
         if self.config.tree == "best_first":
             top_k = state.top_k(self.config.top_k)
             tree = best_first(logits.float().log_softmax(-1), self.config.nodes or depth, top_k)  # the one read
-            return Draft(tokens=tree.tokens, parents=tree.parents, sources=[SOURCE_HEAD] * len(tree.tokens),
+            return Draft(tokens=tree.tokens, parents=tree.parents, sources=[SOURCE_BLOCK] * len(tree.tokens),
                          tree_width=top_k, needs=tree.needs)
         chain = list(range(-1, depth - 1))
         if self.params.greedy:
             guesses = logits.argmax(-1).tolist()  # the one read of the step
-            return Draft(tokens=guesses, parents=chain, sources=[SOURCE_HEAD] * depth)
+            return Draft(tokens=guesses, parents=chain, sources=[SOURCE_BLOCK] * depth)
         q = target_probs(logits, self.params)  # [depth, V]: position k's guess is drawn from row k - 1
         guesses = sample_rows(q, [self.generator] * depth)  # the one read of the step
-        return Draft(tokens=guesses, parents=chain, sources=[SOURCE_HEAD] * depth, draft_probs=q)
+        return Draft(tokens=guesses, parents=chain, sources=[SOURCE_BLOCK] * depth, draft_probs=q)

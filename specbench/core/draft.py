@@ -44,12 +44,12 @@ SOURCE_MODEL = "draft_model"  # a draft language model
 SOURCE_RECYCLE = "recycle"  # candidates the target proposed earlier (Token Recycling's matrix)
 SOURCE_HISTORY = "history"  # earlier outputs of the same run (SuffixDecoding's global tree)
 SOURCE_HEAD = "head"  # a trained head over the target's hidden states (EAGLE, Medusa)
+SOURCE_BLOCK = "block"  # a block drafted in one forward from the target's states (DFlash)
 # Every source's label in reports and figures: a new source is added here, or its figure label is its id.
-SOURCE_LABELS = {
-    SOURCE_PROMPT: "prompt lookup", SOURCE_NGRAM: "n-gram table", SOURCE_POOL: "n-gram pool", SOURCE_FWD: "forward dict",
-    SOURCE_BWD: "backward dict", SOURCE_RETRIEVAL: "retrieval", SOURCE_MODEL: "draft model",
-    SOURCE_RECYCLE: "recycled candidates", SOURCE_HISTORY: "earlier outputs", SOURCE_HEAD: "trained head",
-}
+SOURCE_LABELS = {SOURCE_PROMPT: "prompt lookup", SOURCE_NGRAM: "n-gram table", SOURCE_POOL: "n-gram pool",
+                 SOURCE_FWD: "forward dict", SOURCE_BWD: "backward dict", SOURCE_RETRIEVAL: "retrieval",
+                 SOURCE_MODEL: "draft model", SOURCE_RECYCLE: "recycled candidates", SOURCE_HISTORY: "earlier outputs",
+                 SOURCE_HEAD: "trained head", SOURCE_BLOCK: "DFlash block drafter"}
 
 @dataclass
 class Draft:

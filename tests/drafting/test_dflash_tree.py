@@ -11,7 +11,7 @@ import torch
 from methods.registry import build_method_config, get_method
 from specbench.core.acceptance import SamplingParams
 from specbench.core.decode import generate
-from specbench.core.draft import DecodeState, Draft, DrafterContext
+from specbench.core.draft import SOURCE_BLOCK, DecodeState, Draft, DrafterContext
 from specbench.drafting.dflash_tree import best_first, grow
 from specbench.drafting.eagle_drafter import random_head
 from tests.lossless import SMALL_VOCAB, BigramModel, BigramTarget, assert_sampling_preserves_distribution
@@ -117,6 +117,8 @@ def test_best_first_drafts_a_tree_within_its_caps(bigram_head):
     ones = drafts_of(drafter(model, head, tree="best_first", top_k=1), [1, 2, 3, 1], n=40)
     assert [c.tokens for c in chains] == [t.tokens for t in ones] and all(c.is_chain() for c in chains)
     assert all(c.draft_probs is None for c in chains)  # greedy: argmaxes, no q
+    # every guess is DFlash's own source, so the site colours and labels it as DFlash's, apart from EAGLE's heads
+    assert {s for d in trees + chains for s in d.sources} == {SOURCE_BLOCK}
 
 
 def test_the_sampled_chain_sends_the_q_it_drew_from(bigram_head):
