@@ -7,9 +7,10 @@ inline); the figures are PNG files beside it. It shows
 * **tables**: the summary of every run under the folder (each preset against its own job's baseline: a
   user's own sweep as much as the paper's experiments), then every paper table and the extra ones (Spec-Bench's leaderboard layout, memory scopes, the
   batch sweep) that have rows, built by the report's own builders, so each cell is the report's: ours with
-  its 95% interval, the published figure and their ratio. One row per model × preset (× temperature, …),
-  one column per dataset × metric; sortable by any column and filtered by model, method, dataset and
-  temperature;
+  its 95% interval, the published figure and their ratio. The summary shows one row per preset × dataset
+  (its metrics the columns), with its wide form (one column per dataset × metric) one click away; the
+  paper's tables one row per model × preset (× temperature, …), one column per dataset × metric; sortable by
+  any column and filtered by model, method, dataset and temperature;
 * **figures**, as the report draws them;
 * **runs**: each run's provenance (machine, versions, dtype, store, head, config hash, git commit);
 * **generations**: for each one, its text with every token marked by the step that produced it and the
@@ -55,13 +56,19 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def table_view(name: str, title: str, data: pd.DataFrame, notes: list[str]) -> dict[str, Any] | None:
+def table_view(name: str, title: str, data: pd.DataFrame, notes: list[str], long: bool = False
+               ) -> dict[str, Any] | None:
     """A report table in wide form: its rows (the row keys it has), its columns (dataset × metric) and cells
-    {ours, lo, hi, paper, ratio}; None when no cell has a value of ours."""
+    {ours, lo, hi, paper, ratio}; ``long``: one row per dataset too (the dataset a row key after the preset,
+    the metrics the columns), so a sweep over many datasets reads down instead of across. None when no cell
+    has a value of ours."""
     if data.empty or "ours" not in data or data["ours"].notna().sum() == 0:
         return None
     rows_by = [k for k in ROW_KEYS if k in data.columns]
     cols_by = [k for k in COLUMN_KEYS if k in data.columns]
+    if long and "dataset" in cols_by:
+        cols_by.remove("dataset")
+        rows_by.insert(rows_by.index("preset") + 1 if "preset" in rows_by else len(rows_by), "dataset")
     rows: dict[tuple, dict[str, Any]] = {}
     columns: dict[str, dict[str, Any]] = {}
     for rec in data.to_dict("records"):
@@ -88,10 +95,11 @@ def build_tables(results: Path, paper_dir: Any = None, spec_bench_dir: Any = Non
     views = []
     summary = summary_frame(load_results(results, quiet=True), published_lookup(paper))
     if not summary.empty:  # every run under the folder, whatever its experiment: a user's own sweep too
-        view = table_view("summary", "Summary: every preset against its own job's baseline", long_form(summary),
-                          [f"{k}: {v}" for k, v in LEGEND.items()])
+        args = ("summary", "Summary: every preset against its own job's baseline", long_form(summary),
+                [f"{k}: {v}" for k, v in LEGEND.items()])
+        view = table_view(*args, long=True)  # one row per preset × dataset; the wide form a click away
         if view is not None:
-            views.append(view)
+            views.append({**view, "wide": table_view(*args)})
     for name in (*TABLES, *EXTRA_TABLES):
         source = SOURCES[name]
         if source not in frames:

@@ -80,6 +80,9 @@ def test_table_view_keeps_rows_with_our_figures_and_columns_with_any():
     assert [c["key"] for c in view["columns"]] == ["d1 tau"]  # d2 has no value at all
     assert view["rows"][0]["cells"]["d1 tau"] == dict(ours=1.5, lo=1.2, hi=1.8, paper=2.0, ratio=0.75)
     assert table_view("t", "T", data.assign(ours=None), []) is None
+    long = table_view("t", "T", data, [], long=True)  # the dataset a row key after the preset, the metric a column
+    assert long["row_keys"] == ["model", "preset", "dataset"] and [c["key"] for c in long["columns"]] == ["tau"]
+    assert [r["keys"] for r in long["rows"]] == [{"model": "m", "preset": "a", "dataset": "d1"}]
 
 
 @pytest.mark.slow
@@ -128,13 +131,16 @@ def test_the_site_and_the_summary_command_show_every_preset_of_any_folder(result
     data = site_data(write_site(results, tmp_path / "site"))
     summary = data["tables"][0]
     assert summary["name"] == "summary"
-    rows = {r["keys"]["preset"]: r["cells"] for r in summary["rows"]}
-    assert {"pld", "autoregressive"} <= set(rows) and len(rows) == 3
-    pld = rows["pld"]
-    assert {"mtbench speedup", "mtbench τ", "mtbench tokens/s"} <= set(pld)
+    assert summary["row_keys"][summary["row_keys"].index("preset") + 1] == "dataset"  # reads down: a row a dataset
+    rows = {(r["keys"]["preset"], r["keys"]["dataset"]): r["cells"] for r in summary["rows"]}
+    assert {("pld", "mtbench"), ("autoregressive", "mtbench")} <= set(rows) and len(rows) == 3
+    pld = rows["pld", "mtbench"]
+    assert {"speedup", "τ", "tokens/s"} <= set(pld)
     for metric in ("speedup", "τ", "tokens/s"):
-        cell = pld[f"mtbench {metric}"]
+        cell = pld[metric]
         assert cell["ours"] is not None and cell["lo"] <= cell["ours"] <= cell["hi"], (metric, cell)
+    wide = {r["keys"]["preset"]: r["cells"] for r in summary["wide"]["rows"]}  # its wide form, a click away
+    assert "dataset" not in summary["wide"]["row_keys"] and wide["pld"]["mtbench speedup"] == pld["speedup"]
     assert any(f["name"] == "summary" and (tmp_path / "site" / f["file"]).stat().st_size > 1000
                for f in data["figures"])
     cli.main(["summary", "--results", str(results), "--out", str(tmp_path / "out")])
@@ -142,4 +148,4 @@ def test_the_site_and_the_summary_command_show_every_preset_of_any_folder(result
     assert "| pld " in printed and "- speedup: " in printed
     assert {p.name for p in (tmp_path / "out").iterdir()} >= {"summary.md", "summary.csv", "summary.png"}
     csv = pd.read_csv(tmp_path / "out" / "summary.csv")
-    assert set(csv["preset"]) == set(rows) and csv["speedup_lo"].notna().sum() == 2
+    assert set(csv["preset"]) == {p for p, _ in rows} and csv["speedup_lo"].notna().sum() == 2

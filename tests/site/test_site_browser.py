@@ -1,7 +1,7 @@
 """The results site in a real browser (headless Chromium, Debian's, through its driver): ``make site-test``.
 
 Built from the smoke results (``make smoke-experiments``): every table has rows, sorting orders a column and
-the filters cut rows, a generation's token view renders with its sources' colours, and the console has no
+the filters cut rows, the summary reads down with its wide form a click away, a generation's token view renders with its sources' colours, and the console has no
 error. Screenshots go to ``reports/site-test/``."""
 
 from __future__ import annotations
@@ -79,6 +79,25 @@ def test_sorting_orders_a_column_and_filters_cut_rows(page):
     assert 0 < after < before
     select.find_element("css selector", 'option[value=""]').click()
     assert len(rows_of(page, "table1")) == before
+
+
+def test_the_summary_reads_down_and_its_wide_form_is_one_click_away(page):
+    """The summary shows a row per preset × dataset (the dataset a column of its own, the metrics beside it);
+    its toggle shows the wide form (a column per dataset × metric, a row per preset) and back."""
+    block = '.table-block[data-table="summary"]'
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    heads = [h.get_attribute("data-col") for h in page.find_elements("css selector", f"{block} th")]
+    long_rows = len(rows_of(page, "summary"))
+    assert "dataset" in heads and "speedup" in heads
+    assert page.find_element("css selector", block).get_attribute("data-form") == "long"
+    page.find_element("css selector", f"{block} .form-toggle").click()
+    wide_heads = [h.get_attribute("data-col") for h in page.find_elements("css selector", f"{block} th")]
+    assert "dataset" not in wide_heads and any(h.endswith(" speedup") for h in wide_heads)
+    assert len(rows_of(page, "summary")) < long_rows  # the smoke results hold several datasets a preset
+    page.save_screenshot(str(SHOTS / "summary-wide.png"))
+    page.find_element("css selector", f"{block} .form-toggle").click()
+    assert page.find_element("css selector", block).get_attribute("data-form") == "long"
+    page.save_screenshot(str(SHOTS / "summary.png"))
 
 
 def test_a_generation_renders_token_by_token_in_its_sources_colours(page):

@@ -30,7 +30,7 @@ function buildFilters() {
     const values = new Set();
     for (const t of DATA.tables) {
       if (key === "dataset") t.columns.forEach((c) => c.dataset !== undefined && values.add(String(c.dataset)));
-      else t.rows.forEach((r) => keyValue(r, key).forEach((v) => values.add(String(v))));
+      t.rows.forEach((r) => keyValue(r, key).forEach((v) => values.add(String(v))));
     }
     const select = el("select", { id: "filter-" + key });
     select.appendChild(el("option", { value: "" }, "all"));
@@ -48,13 +48,22 @@ function cellText(c) {
   if (c.lo !== null && c.lo !== undefined) s += ` [${fmt(c.lo)}, ${fmt(c.hi)}]`;
   return s;
 }
-function renderTable(t) {
-  const block = el("div", { class: "table-block", "data-table": t.name });
+const wideState = {};  // tables shown in their wide form (one column per dataset × metric)
+function renderTable(shown) {
+  const wide = shown.wide && wideState[shown.name];
+  const t = wide ? shown.wide : shown;
+  const block = el("div", { class: "table-block", "data-table": t.name, "data-form": wide ? "wide" : "long" });
   block.appendChild(el("h2", {}, t.title));
+  if (shown.wide) {  // a table that reads down (a row per dataset) and its wide form, one click apart
+    const toggle = el("button", { class: "form-toggle" },
+      wide ? "one row per dataset" : "wide form: a column per dataset");
+    toggle.addEventListener("click", () => { wideState[shown.name] = !wide; renderTables(); });
+    block.appendChild(toggle);
+  }
   const cols = t.columns.filter((c) => !filterState.dataset || c.dataset === undefined ||
     String(c.dataset) === filterState.dataset);
-  let rows = t.rows.filter((r) => DATA.filters.every((k) => k === "dataset" || !filterState[k] ||
-    keyValue(r, k).map(String).includes(filterState[k])));
+  let rows = t.rows.filter((r) => DATA.filters.every((k) => !filterState[k] ||
+    (k === "dataset" && !("dataset" in r.keys)) || keyValue(r, k).map(String).includes(filterState[k])));
   const sort = sortState[t.name];
   if (sort) {
     const val = (r) => (sort.col in r.keys ? r.keys[sort.col] : (r.cells[sort.col] || {}).ours);
