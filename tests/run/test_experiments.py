@@ -114,7 +114,7 @@ def tiny_store_env(tmp_path_factory):
     `make smoke-experiments` builds them: the retrieval rows of the smoke sweeps read these."""
     cache = tmp_path_factory.mktemp("cache")
     env = {**os.environ, "SPECBENCH_CACHE": str(cache)}
-    py = [sys.executable, "-m", "specbench.datastore"]
+    py = [sys.executable, "-m", "specbench", "datastore"]
     for cmd in (["build", "--model", "tiny-llama", "--source", "stdlib", "--limit", "20", "--quiet"],
                 ["refine", "--model", "tiny-llama", "--store", "stdlib", "--keep", "0.5", "--sample", "40", "--quiet"]):
         done = subprocess.run(py + cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
