@@ -96,7 +96,7 @@ class Seen:
 @dataclass
 class StepPlan:
     """One step's plan: its caps and why (:data:`WHY`), what the proposal drafted (depth, top-k), each guess's
-    score, what it kept (guesses, aux columns), and what it predicted (tokens, seconds)."""
+    score (until the step is settled), what it kept (guesses, aux columns), and what it predicted (tokens, seconds)."""
 
     caps: Option
     why: str
@@ -290,6 +290,7 @@ class AutoBudget:
         step = self.step
         step.keep, step.width, step.proposed = list(keep), width, len(draft)
         expected = sum(step.scores[i] for i in keep)
+        step.scores = []  # settled: the history keeps a step's plan, not every guess's score (long runs)
         step.bet = expected / self.realism
         step.predicted = (1.0 + expected, self.cost(1 + aux_count(draft, width) + len(keep), self.context)
                           + self._spent())
