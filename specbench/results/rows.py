@@ -19,32 +19,18 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
+from typing import TYPE_CHECKING, Any
 
 from specbench.core.record import GenerationRecord
 from specbench.errors import ConfigError
-from specbench.results import metrics
+
+if TYPE_CHECKING:  # pandas and pyarrow load when rows are read or written, not when a job's config is checked
+    import pandas as pd
+    import pyarrow as pa
 
 # Run-level fields the runner must put in ``context``.
-REQUIRED_CONTEXT = (
-    "run_id",
-    "experiment",
-    "config_hash",
-    "provenance",
-    "model",
-    "method",
-    "dataset",
-    "dtype",
-    "temperature",
-    "top_p",
-    "top_k",
-    "seed",
-    "max_new_tokens",
-)
+REQUIRED_CONTEXT = ("run_id", "experiment", "config_hash", "provenance", "model", "method", "dataset", "dtype",
+                    "temperature", "top_p", "top_k", "seed", "max_new_tokens")
 # Rows that agree on these are one measurement: reading keeps one of them.
 DEDUP_KEYS = ("experiment", "config_hash", "sample_id", "turn", "method", "repeat")
 PROVENANCE_FIELDS = (
@@ -89,6 +75,8 @@ def make_row(
     and ``attn_implementation``. ``extra`` columns (ROUGE scores, ...) are merged in; they
     may not overwrite a schema column.
     """
+    from specbench.results import metrics
+
     missing = [k for k in REQUIRED_CONTEXT if k not in context]
     if missing:
         raise KeyError(f"make_row: context lacks {missing}")
@@ -211,6 +199,8 @@ def _key(key: tuple) -> Key:
 
 
 def _to_table(rows: list[dict[str, Any]]) -> pa.Table:
+    import pyarrow as pa
+
     columns: dict[str, None] = {}
     for r in rows:
         columns.update(dict.fromkeys(r))
@@ -260,6 +250,8 @@ class ResultWriter:
         name = str(path)
         if name in self._seen:
             return
+        import pyarrow.parquet as pq
+
         try:
             rows = pq.read_table(path).to_pylist()
         except Exception as err:  # a truncated or corrupt file (killed copy, full disk)
@@ -308,6 +300,8 @@ class ResultWriter:
         """The row recorded for ``row``'s key (this job's or a concurrent job's, found with one look), else
         None once ``row`` is written: a row another job writes meanwhile is never an error (two rows of one key
         on disk read as the earlier)."""
+        import pyarrow.parquet as pq
+
         key = row_key(row)
         earlier = self.recorded(key)
         if earlier is not None:
@@ -358,6 +352,10 @@ def load_results(
     unreadable file is reported in one line on stderr (unless ``quiet``) and
     the rest are read; their paths are in ``df.attrs["unreadable"]``.
     """
+
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
     def read(f: Path) -> pa.Table | Exception:
         try:

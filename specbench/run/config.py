@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from methods.registry import build_method_config
@@ -99,13 +101,14 @@ def _experiment_sets(overrides: list[str], group: str) -> bool:
     return bool(_experiment_choices(overrides, group))
 
 
+@functools.cache
 def top_level_settings() -> list[str]:
     """The settings a command line may set without ``+``: conf/config.yaml's keys, those experiments add,
-    and the config groups."""
+    and the config groups (read once a process: plain YAML, no interpolation is resolved)."""
     keys = set(GROUPS) | {"hydra"}
     for path in [CONF_DIR / "config.yaml", *sorted((CONF_DIR / "experiment").glob("*.yaml"))]:
-        conf = OmegaConf.load(path)
-        keys |= {str(k) for k in conf.keys() if k != "defaults"}
+        conf = yaml.safe_load(path.read_text()) or {}
+        keys |= {str(k) for k in conf if k != "defaults"}
     return sorted(keys)
 
 

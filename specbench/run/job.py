@@ -27,7 +27,6 @@ from specbench.models import check_weights, resolve_hardware
 from specbench.models.own import resolve_model
 from specbench.paths import CONF_DIR, conf_choices
 from specbench.provenance import config_hash
-from specbench.results.metrics import BASELINE
 from specbench.results.rows import run_dir_path, run_file_path, run_name
 from specbench.run.config import (
     BOOKKEEPING,
@@ -85,6 +84,8 @@ class Job:
     @property
     def methods(self) -> list[str]:
         """What each sample is measured with: the method, then its baseline."""
+        from specbench.results.metrics import BASELINE  # pandas loads once a job runs, not for its checks
+
         return [self.method] + ([BASELINE] if self.baseline and self.method != BASELINE else [])
 
     @property

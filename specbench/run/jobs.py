@@ -28,26 +28,31 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from specbench.errors import one_line_errors, user_error_types
-from specbench.run.job import in_multirun
+from specbench.run.job import in_multirun, plan
 
 STATUS_FILE = "specbench_job.json"
 
 
 def run_job(cfg: DictConfig) -> dict[str, Any]:
     """Run one job and say how it went: ``{"status": done|skipped|failed, ...}``."""
-    from specbench.run.runner import run
-
     if not in_multirun():
         with one_line_errors():
-            return _outcome(run(cfg))
+            return _outcome(_run(cfg))
     try:
-        return _outcome(run(cfg))
+        return _outcome(_run(cfg))
     except user_error_types() as err:
         print(f"error: {err}", file=sys.stderr)
         return {"status": "failed", "error": str(err)}
     except Exception as err:  # a bug: keep its traceback in the job's log, go on with the sweep
         traceback.print_exc()
         return {"status": "failed", "error": f"{type(err).__name__}: {err}"}
+
+
+def _run(cfg: DictConfig) -> Any:
+    job = plan(cfg)  # every check, before the runner's imports (pandas, pyarrow) cost a bad command's time
+    from specbench.run.runner import execute
+
+    return execute(job)
 
 
 def _outcome(summary: Any) -> dict[str, Any]:

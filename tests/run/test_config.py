@@ -202,6 +202,18 @@ def test_cli_errors_are_one_line(args, message, tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+def test_a_bad_path_is_refused_before_the_runner_or_pandas_is_imported(tmp_path):
+    """The checks of a job's inputs run before the runner's imports (pandas, pyarrow, the results), which cost
+    a bad command most of a second for nothing."""
+    proc = subprocess.run([sys.executable, "-X", "importtime", str(ROOT / "run.py"), f"results_dir={tmp_path}",
+                           f"hydra.run.dir={tmp_path}/hydra", "method=eagle-cpu", "method.head=/nonexistent"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 2 and "error: eagle: head '/nonexistent'" in proc.stderr, proc.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time")}
+    assert "specbench.core.draft" in imported  # the log is read right: the methods' modules are there
+    assert not imported & {"specbench.run.runner", "pandas", "pyarrow"}
+
+
 def test_slurm_launcher_composes():
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=["hydra/launcher=slurm"], return_hydra_config=True)
