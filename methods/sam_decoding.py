@@ -114,8 +114,8 @@ class SAMDecoding(ScopedMemory, Drafter):
 
     @classmethod
     def host_reads(cls, config: SAMDecodingConfig, drafted: int) -> int:
-        # the auxiliary drafter's: EAGLE's tree levels, or the recycler's read of the draft's logits
-        return {"eagle": config.eagle_depth, "recycling": 1}.get(config.auxiliary, 0)
+        # the auxiliary drafter's: EAGLE's tree (grown on the device, read once), or the recycler's read of the logits
+        return 1 if config.auxiliary in ("eagle", "recycling") else 0
     Config = SAMDecodingConfig
     RUN_STATE = ("recycler.matrix",)  # memory: run, at batch size > 1: one candidate matrix for every request
 

@@ -134,7 +134,7 @@ class _Loop:
 
     def propose(self, rows: list[_Row]) -> None:
         """Every row's draft: one call for all rows when their drafters share a class that drafts for a batch
-        at once (``propose_rows``: a head's forward per tree level for every row, one read per level), its
+        at once (``propose_rows``: a head's forward per tree level for every row, one read of the trees), its
         time shared among them; else each drafter alone."""
         kinds = {type(row.request.drafter) for row in rows}
         batched = getattr(kinds.pop(), "propose_rows", None) if len(kinds) == 1 and len(rows) > 1 else None

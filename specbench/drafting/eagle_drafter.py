@@ -5,8 +5,8 @@ itself (``feature_layers``): after the prefill, the prompt's; after each step, t
 guesses'. Feature ``f_t`` paired with the embedding of token ``t+1`` sits at head position ``t``; the head
 keeps a KV cache over those pairs. A step first feeds the pairs committed since the last one (one head
 forward), whose last output predicts the feature at the root, hence the first level's tokens; the dynamic
-tree (:mod:`specbench.drafting.dynamic_tree`) then grows, one head forward per level, each node's
-children reading the node's own predicted feature at position ``root + depth - 1``. The tree's cache
+tree (:mod:`specbench.drafting.dynamic_tree`) then grows on the device (:mod:`specbench.drafting.device_tree`:
+one head forward per level, one read of the tree a step), each node's children reading the node's own predicted feature at position ``root + depth - 1``. The tree's cache
 entries are cropped at the next step, when true features replace them.
 
 The draft is deterministic (top-k tokens, no ``q``): sampling verifies it with the core's multi-candidate
@@ -31,7 +31,7 @@ import torch
 
 from specbench.core.draft import SOURCE_HEAD, DecodeState, Draft, Drafter, VerifyResult
 from specbench.core.forward import runs_on, upload
-from specbench.drafting.dynamic_tree import grow_rows, rerank
+from specbench.drafting.device_tree import ancestors, grow_on_device
 from specbench.drafting.eagle_head import EagleHead
 from specbench.drafting.head_formats import load_head
 from specbench.drafting.head_parts import HeadCache
@@ -213,7 +213,7 @@ class HeadDrafter(Drafter):
 
     @classmethod
     def host_reads(cls, config: EagleSettings, drafted: int) -> int:
-        return config.depth if drafted else 0  # the tree's levels, one read each
+        return 1 if drafted else 0  # the tree, grown on the device, read once
 
     @classmethod
     def preflight(cls, config: EagleSettings, run_cfg: Any) -> None:
@@ -291,16 +291,6 @@ class HeadDrafter(Drafter):
         ids = self.head.to_target_ids(torch.arange(lp.shape[1], device=lp.device))
         return full.index_copy_(1, ids, lp)
 
-    def _visible(self, rows: int, seen: list[list[int]]) -> torch.Tensor:
-        """[rows, len(cache) + rows]: each new row sees the committed prefix, the cache slots it lists, itself."""
-        n = len(self.cache)
-        vis = torch.zeros(rows, n + rows, dtype=torch.bool)
-        vis[:, : self.root_pos] = True
-        for r, slots in enumerate(seen):
-            vis[r, slots] = True
-            vis[r, n + r] = True
-        return upload(vis, self.device)
-
     def catch_up(self, tokens: list[int]) -> torch.Tensor | None:
         """Feed the head the pairs committed since the last step (``tokens``: the sequence, its root last);
         returns its predicted feature at the root ([1, H]), or None before any feature came. A drafter that
@@ -323,10 +313,10 @@ class HeadDrafter(Drafter):
 
     @staticmethod
     def propose_rows(drafters: list[HeadDrafter], states: list[DecodeState]) -> list[Draft | None]:
-        """The drafts of several requests (a batch) whose drafters share one head, grown in lockstep: each tree
-        level of every row in one head forward (projections over all rows, attention over each row's cache),
-        its log-probabilities in one LM-head pass and one read (:func:`~specbench.drafting.dynamic_tree.grow_rows`).
-        A row drafts what it would alone."""
+        """The drafts of several requests (a batch) whose drafters share one head, grown in lockstep on the device
+        (:func:`~specbench.drafting.device_tree.grow_on_device`): each tree level of every row in one head forward
+        (projections over all rows, attention over each row's cache), the tree read to the host once a step. A
+        row drafts what it would alone."""
         out: list[Draft | None] = [None] * len(drafters)
         rows = []  # (index, drafter, state, the head's feature at its root)
         for i, (d, state) in enumerate(zip(drafters, states, strict=True)):
@@ -338,46 +328,37 @@ class HeadDrafter(Drafter):
                 rows.append((i, d, state, root))
         if not rows:
             return out
-        first = rows[0][1]
-        hidden: list[dict[int, torch.Tensor]] = [{} for _ in rows]  # a node's predicted feature, once expanded
-        slot: list[dict[int, int]] = [{} for _ in rows]  # a node's entry in its row's head cache
+        first, c = rows[0][1], rows[0][1].config
+        top_ks = [state.top_k(c.top_k) for _, _, state, _ in rows]
+        width, n = min(max(top_ks), first.vocab_size), len(rows)
+        feats = torch.cat([root for *_, root in rows])  # what each level's nodes read: their parents' features
+        tree = {"ancestors": feats.new_zeros(n, width, 0, dtype=torch.bool), "at": [len(d.cache) for _, d, *_ in rows]}
 
-        def expand(live: list[int], levels: list[list[int]], trees: list) -> list[torch.Tensor]:
-            feats, tokens, pos, parts = [], [], [], []
-            for j, level, tree in zip(live, levels, trees, strict=True):
-                _, d, _, root = rows[j]
-                feats += [root if tree.parents[i] < 0 else hidden[j][tree.parents[i]][None] for i in level]
-                seen = []
-                for i in level:
-                    chain, p = [], tree.parents[i]
-                    while p >= 0:
-                        chain.append(slot[j][p])
-                        p = tree.parents[p]
-                    seen.append(chain)
-                for r, i in enumerate(level):
-                    slot[j][i] = len(d.cache) + r
-                tokens += [tree.tokens[i] for i in level]
-                pos += [d.root_pos + tree.depths[i] - 1 for i in level]
-                parts.append((len(level), d.cache, d._visible(len(level), seen)))
-            head = first.head
-            made = head(head.feed(torch.cat(feats)), first._embed(tokens), upload(pos, first.device),
-                        parts[0][1], parts[0][2], parts if len(parts) > 1 else None)
-            lps, at = first._logprobs(made), 0
-            per = []
-            for j, level, (n, _, _) in zip(live, levels, parts, strict=True):
-                for r, i in enumerate(level):
-                    hidden[j][i] = made[at + r]
-                per.append(lps[at : at + n])
-                at += n
-            return per
+        def expand(level: int, parent_slots: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+            nonlocal feats
+            if level:
+                feats = feats.gather(1, parent_slots[..., None].expand(-1, -1, feats.shape[-1]))
+                tree["ancestors"] = ancestors(tree["ancestors"], parent_slots, width)
+            else:
+                feats = feats[:, None].expand(-1, width, -1)
+            own, parts = torch.eye(width, dtype=torch.bool, device=first.device), []
+            for r, (_, d, _, _) in enumerate(rows):  # the committed prefix, the node's ancestors, itself
+                seen = [torch.ones(width, d.root_pos, dtype=torch.bool, device=first.device),
+                        own.new_zeros(width, tree["at"][r] - d.root_pos), tree["ancestors"][r], own]
+                parts.append((width, d.cache, torch.cat(seen, -1)))
+            positions = torch.cat([torch.full((width,), d.root_pos + level, device=first.device)
+                                   for _, d, *_ in rows])
+            ids = tokens.reshape(-1).to(runs_on(first.embed))
+            made = first.head(first.head.feed(feats.reshape(n * width, -1)),
+                              first.embed(ids).to(first.device, first.dtype, non_blocking=True), positions,
+                              parts[0][1], parts[0][2], parts if n > 1 else None)
+            feats = made.view(n, width, -1)
+            return first._logprobs(made)
 
-        c = first.config
-        widths = [state.top_k(c.top_k) for _, _, state, _ in rows]
-        roots = first._logprobs(torch.cat([root for *_, root in rows]))
-        trees = grow_rows(list(roots), expand, depths=[min(c.depth, state.max_depth) for _, _, state, _ in rows],
-                          top_ks=widths)
-        for (i, *_), tree, top_k in zip(rows, trees, widths, strict=True):
-            toks, parents, _, needs = rerank(tree, c.total_tokens - 1)
+        roots = first._logprobs(feats)
+        drafts = grow_on_device(roots, expand, depths=[min(c.depth, state.max_depth) for _, _, state, _ in rows],
+                                top_ks=[min(k, width) for k in top_ks], nodes=c.total_tokens - 1)
+        for (i, *_), (toks, parents, needs), top_k in zip(rows, drafts, top_ks, strict=True):
             out[i] = Draft(tokens=toks, parents=parents, sources=[SOURCE_HEAD] * len(toks), tree_width=top_k,
                            needs=needs)
         return out

@@ -448,11 +448,11 @@ def test_a_head_that_skips_steps_catches_up_and_drafts_what_it_would_have(case, 
 @pytest.mark.parametrize(("case", "temperature"), [("eagle", 0.0), ("eagle3", 0.0), ("medusa", 0.0), ("medusa", 1.0),
                                                     ("sam_decoding-eagle", 0.0), ("sps", 0.0), ("sps", 1.0),
                                                     ("specdec_pp", 0.0)])
-def test_a_batch_drafts_and_accepts_with_one_read_per_level_for_every_row(case, temperature, models, store, heads,
+def test_a_batch_drafts_and_accepts_with_the_reads_of_one_row_for_every_row(case, temperature, models, store, heads,
                                                                            saved, monkeypatch):
     """A batch of 4 on 2 simulated GPUs: each batched step costs at most one read of the verified tokens (every
-    row's argmax, or every row's sampling walk, at once) and the drafter's reads for one row (EAGLE: one per
-    tree level; Medusa: one; a draft model: one per drafted position, SpecDec++ two) for all rows, counted from
+    row's argmax, or every row's sampling walk, at once) and the drafter's reads for one row (EAGLE: one, its
+    tree grown on the device; Medusa: one; a draft model: one per drafted position, SpecDec++ two) for all rows, counted from
     the sync debug mode's warnings; drafted row by row it needs that per row."""
 
     lm = models[2]
