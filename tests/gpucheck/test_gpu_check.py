@@ -326,7 +326,8 @@ def test_the_forward_stage_checks_graphs_against_eager_and_catches_a_graph_that_
     assert set(rows) == {"graphs: logits", "graphs: lossless", "graphs: t(q) at 128", "graphs: t(q) at 160",
                          "graphs: per step"}
     assert all(r[3] for r in rows.values()), rows
-    assert "q=128" in rows["graphs: t(q) at 160"][4] and "eagle3:" in rows["graphs: per step"][4]
+    assert "q=128" in rows["graphs: t(q) at 160"][4]
+    assert "eagle3:" in rows["graphs: per step"][4] and "dflash:" in rows["graphs: per step"][4]
     call = StepGraph.__call__
     monkeypatch.setattr(StepGraph, "__call__", lambda self, *values: call(self, *self.inputs))  # stale inputs
     rows = run()
