@@ -9,7 +9,7 @@ tokens ÷ modelled time in plain steps: 1.000 is plain decoding's speed. Determi
 table. ``--losses``: where nothing pays, what each kind of step (the first draft, chosen, explored) lost in plain
 steps, for a cheap, a head-like and a dear drafter over runs of growing length. Run:
     python bench/explore_sim.py --set EXPLORE_EVERY=16,32,64 --set ALLOWANCE_SHARE=0.01,0.003
-    python bench/explore_sim.py --losses
+    python bench/explore_sim.py --losses --set SPIKE=1,2 --spikes 7 --factor 1.5
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ class Tally:
 
     def __init__(self, inner: planner.AutoBudget) -> None:
         self.inner, self.lost, self.steps = inner, Counter(), Counter()
+        self.over = float("-inf")  # the most the regret stood above the allowance after a step (≤ 0: within)
 
     def __getattr__(self, name: str):
         return getattr(self.inner, name)
@@ -73,19 +74,24 @@ class Tally:
         why = self.inner.step.why
         self.steps[why] += 1
         self.lost[why] += self.inner.elapsed - before - (1 + len(accepted_nodes))
+        self.over = max(self.over, self.inner.regret - self.inner.allowance())
 
 
-def losses() -> None:
-    """Where nothing pays (deterministic: no guess is ever right, whatever the seed)."""
-    print(f"{'drafter (drafting s: fixed, a level)':38} {'steps':>6}  plain steps lost by kind (steps of that kind)")
+def losses(spikes: int = 0, factor: float = 2.0) -> None:
+    """Where nothing pays (deterministic: no guess is ever right, whatever the seed); with ``spikes``, every
+    ``spikes``-th step's drafting takes ``factor`` times its usual seconds (the calibration's steps none). The
+    last column: the most the regret stood above the allowance after any step (≤ 0: the cap held)."""
+    print(f"{'drafter (drafting s: fixed, a level)':38} {'steps':>6}  plain steps lost by kind (steps of that kind)"
+          "; worst regret - allowance")
     for label, costs in (("cheap", CHEAP), ("head-like", HEAD), ("dear", DEAR)):
         for steps in (512, 1024, 2048, 4096):
-            clock = level_clock(base=costs[0], per_level=costs[1], stopped=0.0)
-            tally = Tally(calibrated(clock))
-            simulate(tally, steps, 0.0, clock)
+            tally = Tally(calibrated(level_clock(base=costs[0], per_level=costs[1], stopped=0.0)))
+            simulate(tally, steps, 0.0, level_clock(base=costs[0], per_level=costs[1], stopped=0.0, spikes=spikes,
+                                                    factor=factor))
             kinds = ", ".join(f"{why} {tally.lost[why]:.2f} ({tally.steps[why]})" for why in planner.WHY
                               if tally.steps[why] and why != "plain")
-            print(f"{label + ' ' + str(costs):38} {steps:6d}  {sum(tally.lost.values()):.2f}: {kinds}")
+            print(f"{label + ' ' + str(costs):38} {steps:6d}  {sum(tally.lost.values()):.2f}: {kinds}; "
+                  f"{tally.over:+.2f}")
 
 
 def homes(name: str) -> list:
@@ -109,10 +115,11 @@ def main() -> None:
                     "try (every combination is a column)")
     ap.add_argument("--seeds", type=int, default=8)
     ap.add_argument("--losses", action="store_true", help="where nothing pays: what each kind of step lost, in "
-                    "plain steps, by drafting cost and run length")
+                    "plain steps, by drafting cost and run length (each --set combination in turn)")
+    ap.add_argument("--spikes", type=int, default=0, help="--losses: every N-th step's drafting takes --factor "
+                    "times its usual seconds")
+    ap.add_argument("--factor", type=float, default=2.0)
     args = ap.parse_args()
-    if args.losses:
-        return losses()
     grid = {}
     for item in args.set:
         name, _, values = item.partition("=")
@@ -123,6 +130,17 @@ def main() -> None:
     columns = [dict(zip(grid, combo, strict=True)) for combo in itertools.product(*grid.values())] or [{}]
     saved = {name: getattr(homes(name)[0], name) for name in grid}
     labels = [" ".join(f"{k}={v}" for k, v in c.items()) or "as shipped" for c in columns]
+    if args.losses:
+        try:
+            for column, label in zip(columns, labels, strict=True):
+                for k, v in column.items():
+                    put(k, v)
+                print(label)
+                losses(args.spikes, args.factor)
+        finally:
+            for k, v in saved.items():
+                put(k, v)
+        return
     width = [max(9, len(label)) for label in labels]
     print(f"{'case':38} " + " ".join(f"{label:>{w}}" for label, w in zip(labels, width, strict=True)))
     try:

@@ -379,6 +379,13 @@ def test_the_exploration_study_reads_the_planners_trade(capsys, monkeypatch):
     row = capsys.readouterr().out.splitlines()[-1].split()
     assert float(row[-2]) == pytest.approx(never, abs=1e-4) and float(row[-1]) > never  # rarer probes lose less
     assert planner.EXPLORE_EVERY == EXPLORE_EVERY
+    monkeypatch.setattr(sys, "argv", ["explore_sim.py", "--losses", "--set", "SPIKE=1,2", "--spikes", "3",
+                                      "--factor", "1.5"])
+    explore_sim.main()  # where nothing pays, under drafting spikes of 1.5 times the model every third step
+    out = capsys.readouterr().out.split("SPIKE=2.0")
+    dear = [[float(line.rsplit(";", 1)[1]) for line in part.splitlines() if line.startswith("dear")] for part in out]
+    assert max(dear[0]) > 0 >= max(dear[1])  # priced at its expectation a probe overruns; at SPIKE × it does not
+    assert planner.SPIKE == SPIKE
     monkeypatch.setattr(sys, "argv", ["explore_sim.py", "--set", "EXPLORE_SOMETIMES=3"])
     with pytest.raises(SystemExit, match="name a constant of specbench/budget/planner.py, acceptance.py or"):
         explore_sim.main()
