@@ -30,8 +30,8 @@ modules, the way gpt-fast and serving engines do:
 
 **On a GPU, CUDA graphs** (:mod:`specbench.core.graphs`): each verification step (the embedding, every layer,
 the LM head over every padded row) is one graph per (rows, width, span bucket of
-:data:`~specbench.core.graphs.SPAN_STEP` entries), its inputs (tokens, positions, cache positions, the mask)
-copied into the graph's own buffers; the layers run as their own kernels, uncompiled. The graphs read the cache
+:data:`~specbench.core.graphs.SPAN_STEP` entries), its inputs (tokens, positions, the rows' lengths, the block's
+visibility) copied into the graph's own buffers, the cache positions and the mask made inside it; the layers run as their own kernels, uncompiled. The graphs read the cache
 buffer's address, so a request's cache takes again the buffer of one that has ended (:meth:`new_cache`); what a
 caller keeps (the kept rows' logits, the features heads read) is copied out of the graph's outputs, which the
 next step overwrites. A prompt is prefilled without a graph.
@@ -136,6 +136,8 @@ class CompiledTarget(Target):
         self._free: dict[int, list[torch.Tensor]] = {}  # slots: cache buffers no live cache holds (graphs read them)
         self._pool = None  # the memory pool every graph shares (on a CUDA device)
         self._direct = False  # a prefill: the layers run without a graph
+        self._causal: dict[tuple, tuple] = {}  # (rows, q, width): a causal step's block and real rows
+        self.neg, self.group = torch.finfo(self.dtype).min, self.heads // self.kv_heads  # the mask's
         fns = (("layers", decoder.layers), ("head", decoder.head))
         if self.graphed:  # a graph launches the step's kernels at once: no compiler needed to cut their cost
             self._fns = dict(fns)
@@ -248,6 +250,8 @@ class CompiledTarget(Target):
         if w > q:  # padded rows: at the row's last position, seeing only themselves
             ids = F.pad(ids, (0, w - q))
             positions = torch.cat([positions, positions[:, -1:].expand(n, w - q)], 1)
+        block, real = self._block(n, q, w, mask)
+        lengths = upload(past, self.device)
         cache.begin(lo, lo + n, w)
         if not cache.stores:
             cache.allocate(self.kv_heads, self.head_dim, self.dtype, cache.capacity)
@@ -258,14 +262,13 @@ class CompiledTarget(Target):
         if graph:  # a graph per span bucket: the mask hides the entries past the span
             span = span_bucket(span, cache.capacity)
             cache.touch(span)
-        visible = self._visible(mask, past, q, w, span)  # [n, 1, group × w, span], float
-        where = upload(past[:, None] + torch.arange(w)[None], self.device)
         store = cache.stores[self.device]
         index = self._kept(keep, n, q, w)
-        if graph:
-            logits, *outs = self._replay(store, lo, n, w, span, ids, positions, where, visible)
+        if graph:  # the mask and the cache positions are made inside the graph, from the lengths and the block
+            logits, *outs = self._replay(store, lo, n, w, span, ids, positions, lengths, block, real)
             logits = logits.index_select(0, index)  # copies out of the graph's buffers, as the features below
         else:
+            where, visible = self._where_visible(lengths, block, real, span)
             torch._dynamo.maybe_mark_dynamic(visible, 3)  # one graph for every span (guards as the compiler needs)
             kvs = [store[cache._where[i][1], :, lo : lo + n] for i in range(self.n_layers)]
             for kv in kvs:  # any request's capacity: one graph
@@ -301,8 +304,8 @@ class CompiledTarget(Target):
         if graph is None:
             kvs = [store[i, :, lo : lo + n] for i in range(self.n_layers)]  # fixed addresses, read by the graph
 
-            def step(ids, positions, where, visible):
-                outs = self._layers(ids, positions, where, visible, kvs)
+            def step(ids, positions, lengths, block, real):
+                outs = self._layers(ids, positions, *self._where_visible(lengths, block, real, span), kvs)
                 return (self._fns["head"](outs[-1], *self.final, self.eps), *outs)
 
             if self._pool is None and native(store):
@@ -312,36 +315,40 @@ class CompiledTarget(Target):
             self.compiled.add(key)
         return graph(*inputs)
 
-    def _visible(self, mask, past: torch.Tensor, q: int, w: int, span: int) -> torch.Tensor:
-        """The float mask at the padded width: ``mask`` ([n or 1, 1, q, max(past) + q], or None: causal after
-        each row's committed entries) in its place, padded rows seeing their own entry alone; tiled over the
-        query heads of a K/V head."""
-        n = len(past)
-        neg = torch.finfo(self.dtype).min
-        col = torch.arange(span, device=self.device)
-        lengths = upload(past, self.device)
-        if mask is None:  # each row sees what its slot holds and its own block causally
-            seen = col[None, None, :] <= lengths[:, None, None] + torch.arange(w, device=self.device)[None, :, None]
-            full = torch.zeros((n, w, span), dtype=self.dtype, device=self.device).masked_fill_(~seen, neg)
-        else:
-            full = torch.full((n, w, span), neg, dtype=self.dtype, device=self.device)
-            full[:, :q, : mask.shape[-1]] = mask[:, 0]
-        if w > q:
-            pad = torch.arange(q, w, device=self.device)
-            full[:, q:] = neg
-            own = lengths[:, None] + pad[None, :]  # [n, w - q]: each padded row's own entry
-            full[:, q:].scatter_(2, own[:, :, None], 0.0)
-        return full.repeat(1, self.heads // self.kv_heads, 1)[:, None]
+    def _rows_mask(self, vis, offsets=None, lengths=None, positions=None) -> torch.Tensor:
+        """Each row's block visibility alone ([n, q, q], bool, on the device): :meth:`_forward` builds the step's
+        mask from it and the rows' lengths (on a GPU inside the step's graph)."""
+        return vis if isinstance(vis, torch.Tensor) else upload(vis, self.device)
+
+    def _mask(self, vis, offsets, past_len: int, positions=None) -> torch.Tensor:
+        return self._rows_mask(vis)[None]  # one row's, as :meth:`_rows_mask`
+
+    def _block(self, n: int, q: int, w: int, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """What each of the ``w`` rows sees of the block ([n, w, w]: ``mask``, causal when None, a padded row
+        itself alone) and which rows are real (they see their row's past); a causal step's kept."""
+        if mask is None and (n, q, w) not in self._causal:
+            self._causal[n, q, w] = self._block(n, q, w, torch.ones(q, q, dtype=torch.bool, device=self.device).tril_())
+        if mask is None:
+            return self._causal[n, q, w]
+        block = torch.eye(w, dtype=torch.bool, device=self.device).repeat(n, 1, 1)
+        block[:, :q, :q] = mask
+        return block, torch.arange(w, device=self.device) < q
+
+    def _where_visible(self, lengths: torch.Tensor, block: torch.Tensor, real: torch.Tensor, span: int) -> tuple:
+        """The cache positions a step writes ([n, w], after the rows' ``lengths``) and its float mask [n, 1, group ×
+        w, span]: a ``real`` row sees its row's past; of the block, what ``block`` allows; nothing past it."""
+        w = block.shape[-1]
+        rel = torch.arange(span, device=self.device)[None, :] - lengths[:, None]  # a column's place in the block
+        seen = block.gather(2, rel.clamp(0, w - 1)[:, None, :].expand(-1, w, -1)) & ((rel >= 0) & (rel < w))[:, None]
+        seen |= (rel < 0)[:, None, :] & real[None, :, None]
+        full = torch.zeros(seen.shape, dtype=self.dtype, device=self.device).masked_fill_(~seen, self.neg)
+        return lengths[:, None] + torch.arange(w, device=self.device)[None], full.repeat(1, self.group, 1)[:, None]
 
     def _kept(self, keep, n: int, q: int, w: int) -> torch.Tensor:
         """The rows of the padded ``[n × w]`` block whose logits are wanted (``keep`` indexes ``[n × q]``)."""
-        if isinstance(keep, torch.Tensor):
-            index = keep.to(self.device)
-            return (index // q) * w + index % q
-        rows = torch.arange(n * q, device=self.device)
-        if keep:
-            rows = rows[-keep:]
-        return (rows // q) * w + rows % q
+        index = keep.to(self.device) if isinstance(keep, torch.Tensor) else torch.arange(
+            n * q, device=self.device)[-(keep or 0):]  # keep: the last ``keep`` rows (0 or None: all)
+        return (index // q) * w + index % q
 
 
 def make_target(model: torch.nn.Module, mode: str = "eager", backend: str = "inductor") -> Target:

@@ -56,6 +56,9 @@ def test_a_graphed_step_gives_the_logits_and_features_of_the_direct_one(targets,
             t.prefill(PROMPT, cache)
             outs.append((t.forward_draft(7, draft, cache, features=(1, -1)), dict(t.features)))
     assert targets[2]._graphs, "the step ran without a graph"
+    for (_, _, n, w, span), graph in targets[2]._graphs.items():  # no mask copied in: it is made in the graph
+        assert all(not t.is_floating_point() and t.numel() <= n * w * w for t in graph.inputs), (span, [
+            (t.dtype, tuple(t.shape)) for t in graph.inputs])
     for logits, features in outs[1:]:
         torch.testing.assert_close(logits, outs[0][0], atol=1e-4, rtol=1e-4)
         for layer in (1, -1):
