@@ -4,7 +4,8 @@ Head i reads the last hidden state of the position that produced the root (hande
 verification forward, :attr:`Drafter.feature_layers`) and ranks candidates for the token i + 1 places
 after the root; the tree (:mod:`specbench.drafting.medusa_head`) takes, for each path of ranks
 ``(r1, …, rd)``, head d's r_d-th token under the node of ``(r1, …, r_{d-1})``. One heads pass per step,
-no draft forward per level. ``tree: auto`` builds the ``nodes`` best paths from the head's measured
+no draft forward per level (under ``forward=compiled`` on a GPU, one CUDA graph per rows × depth × width, as the
+verification's steps are). ``tree: auto`` builds the ``nodes`` best paths from the head's measured
 per-rank accuracies (the paper's construction; a head without them takes ``mc_sim_7b_63``);
 ``mc_sim_7b_63`` is the paper's tree for Vicuna-7B. Deterministic guesses: lossless for greedy and
 sampling alike.
@@ -21,6 +22,7 @@ import torch
 from methods.registry import register_method
 from specbench.core.draft import SOURCE_HEAD, DecodeState, Draft, Drafter, VerifyResult
 from specbench.core.forward import runs_on
+from specbench.core.graphs import StepGraph
 from specbench.drafting.eagle_drafter import (
     check_draft_dtype,
     draft_head_dtype,
@@ -85,6 +87,7 @@ class Medusa(Drafter):
             self.paths = [p for p in MC_SIM_7B_63 if len(p) <= len(heads)]
         self.ranks = [1 + max((p[d] for p in self.paths if len(p) > d), default=-1) for d in range(len(heads))]
         self.features: dict[int, torch.Tensor] | None = None  # the last step's states (the root's row last)
+        self.graphs: dict[tuple, StepGraph] | None = {} if self.context.graphs else None  # shared by spawns
 
     def provenance(self) -> dict[str, Any]:
         return self.head_columns
@@ -122,12 +125,26 @@ class Medusa(Drafter):
         if not rows:
             return out
         first, deepest = rows[0][1], max(depth for *_, depth in rows)
-        logits = first.heads.logits(torch.cat([d._last(d.features) for _, d, _ in rows]), first.lm_head, first=deepest)
         widest = max(first.ranks[:deepest])
         # every head's candidates for every row in one read (the first r of a sorted top-R are the top r)
-        ranked = logits.topk(widest, dim=-1).indices.tolist() if widest else [[[]] * len(rows)] * deepest
+        hidden = torch.cat([d._last(d.features) for _, d, _ in rows])
+        ranked = first._ranked(hidden, deepest, widest).tolist() if widest else [[[]] * len(rows)] * deepest
         for k, (i, d, depth) in enumerate(rows):
             top = [ranked[h][k][: d.ranks[h]] for h in range(depth)]
             tokens, parents = tree_draft(d.paths, top)
             out[i] = Draft(tokens=tokens, parents=parents, sources=[SOURCE_HEAD] * len(tokens))
         return out
+
+    def _ranked(self, hidden: torch.Tensor, deepest: int, widest: int) -> torch.Tensor:
+        """The ``widest`` best tokens of the first ``deepest`` heads for each row of ``hidden``: [deepest, rows,
+        widest]; with graphs, the heads' pass replayed from a graph per (rows, depth, width), its output read
+        before the next replay."""
+        def step(h: torch.Tensor) -> tuple[torch.Tensor]:
+            return (self.heads.logits(h, self.lm_head, first=deepest).topk(widest, dim=-1).indices,)
+
+        if self.graphs is None:
+            return step(hidden)[0]
+        key = (hidden.shape[0], deepest, widest)
+        if key not in self.graphs:
+            self.graphs[key] = StepGraph(step, (hidden.clone(),))
+        return self.graphs[key](hidden)[0]

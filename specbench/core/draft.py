@@ -270,9 +270,7 @@ class Planner(Protocol):
     # when the planner has one, is read as DecodeState.width_cap)
 
     def plan(self, draft: Draft, seq: list[int]) -> Draft: ...
-
     def record(self, draft: Draft, path: list[int], draft_s: float = 0.0) -> None: ...  # draft_s: the drafting
-
     def finish(self, seq: list[int]) -> None: ...
 
 
@@ -281,7 +279,8 @@ class DrafterContext:
     """What a drafter that runs a model of its own may need beyond its config (built by the runner and tests).
 
     * ``sampling``: the run's :class:`specbench.core.acceptance.SamplingParams` (a draft model's ``q`` uses them).
-    * ``device``, ``dtype``, ``hardware``: where, in which precision and on what hardware the target runs.
+    * ``device``, ``dtype``, ``hardware``, ``graphs``: where, in which precision and on what hardware the target
+      runs, and whether its steps are CUDA graphs (``forward=compiled`` on a GPU: a head's forward is one too).
     * ``load_model(name)``: a model preset (``conf/model/<name>.yaml``) loaded through
       :func:`specbench.models.load_model` on the target's hardware and dtype, with the same one-line errors.
     * ``target_model``, ``target_name``, ``target_heads``: the target itself (self-drafting shares its weights),
@@ -297,6 +296,7 @@ class DrafterContext:
     target_model: torch.nn.Module | None = None
     target_name: str = ""
     hardware: Any = None
+    graphs: bool = False
     target_heads: dict[str, str] = field(default_factory=dict)
     forward_cost: Callable[[int, int], float] | None = None
     reference: Callable[[list[int]], list[int]] | None = None

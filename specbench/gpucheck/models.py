@@ -124,6 +124,7 @@ def drafters(target: Target, vocab: int, workdir: Path, texts: list[list[int]], 
     layers = target.model.config.num_hidden_layers
     context = DrafterContext(sampling=sampling or SamplingParams(), device=target.device, dtype=target.dtype,
                              target_model=target.model, target_name=TARGET_NAME, forward_cost=CostModel.flat(),
+                             graphs=bool(getattr(target, "graphed", False)),
                              reference=References(target, REFERENCE_TOKENS))
     out = {}
     for name in only or method_names():

@@ -126,6 +126,7 @@ class Measurement:
             target_model=loaded.model,
             target_name=loaded.name,
             hardware=job.hardware,
+            graphs=bool(getattr(self.target, "graphed", False)),
             target_heads=dict(job.model_cfg.get("heads") or {}),
             forward_cost=self.cost,
             reference=References(self.target, self.max_new, loaded.eos_token_ids),

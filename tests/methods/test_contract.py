@@ -148,7 +148,8 @@ def _maker(name, store, target, tmp_path, sampling: SamplingParams, model=None, 
             twin.seed = next(seeds)  # (dflash's chain) draws them independently in each trial
             return twin
         context = DrafterContext(sampling=sampling, target_model=model, target_name=TARGET_NAME,
-                                 forward_cost=CostModel.flat(), reference=reference)
+                                 forward_cost=CostModel.flat(), reference=reference,
+                                 graphs=bool(getattr(target, "graphed", False)))
         drafter = cls(config, vocab_size=SMALL_VOCAB, seed=next(seeds), context=context)
         if name not in NEEDS_FEATURE_HEAD:
             return drafter

@@ -746,6 +746,32 @@ def test_medusa_is_greedy_lossless_on_the_tiny_llama(tiny_llama, tiny_medusa_dir
     assert len(drafter.paths) == 12 and drafter.paths[0] == (0,)
 
 
+def test_medusa_heads_run_as_a_graph_when_the_targets_steps_do(tiny_llama, tiny_medusa_dir, monkeypatch):
+    """With the target's steps as graphs (``DrafterContext.graphs``, rehearsed here) the heads' pass is a graph of
+    its own per rows × depth × width: the same steps as the heads run directly; a graph whose input is never
+    refreshed drafts otherwise (the target runs eagerly here, so only the heads' graphs go stale)."""
+    from specbench.core.draft import DrafterContext
+    from specbench.core.graphs import StepGraph
+
+    target = Target(tiny_llama.model)
+
+    def decode(graphs: bool):
+        ctx = DrafterContext(target_model=tiny_llama.model, target_name=tiny_llama.name, graphs=graphs)
+        drafter = Medusa(MedusaConfig(head=str(tiny_medusa_dir), nodes=12), vocab_size=tiny_llama.vocab_size,
+                         context=ctx)
+        return drafter, [generate(target, drafter, p, max_new_tokens=24) for p in PROMPTS]
+
+    plain, expected = decode(False)
+    drafter, recs = decode(True)
+    assert plain.graphs is None and drafter.graphs and all(key[0] == 1 for key in drafter.graphs)
+    assert [r.step_tokens for r in recs] == [r.step_tokens for r in expected]
+    assert [r.output_ids for r in recs] == [autoregressive_output(target, p, 24) for p in PROMPTS]
+    call = StepGraph.__call__
+    monkeypatch.setattr(StepGraph, "__call__", lambda self, *values: call(self, *self.inputs))  # stale inputs
+    _, stale = decode(True)
+    assert [r.step_tokens for r in stale] != [r.step_tokens for r in expected]
+
+
 def test_a_stopped_medusa_step_costs_the_heads_nothing_and_the_next_draft_reads_the_last_state(tiny_llama,
                                                                                                 tiny_medusa_dir):
     """While ``budget=auto`` holds the heads at depth 0, a step keeps its states as they came (nothing brought to
