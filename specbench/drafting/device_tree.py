@@ -36,6 +36,13 @@ def grow_on_device(roots: torch.Tensor, expand: Callable[[int, torch.Tensor, tor
                    depths: list[int], top_ks: list[int], nodes: int) -> list[tuple[list[int], list[int], list[int]]]:
     """Each row's draft as (tokens, parents, needs), parents first, siblings in descending score: what
     ``rerank(grow_rows(...), nodes)`` drafts (its scores left out), from ``roots`` [R, V] log-probabilities."""
+    return read_picked(grow_tensor(roots, expand, depths=depths, top_ks=top_ks, nodes=nodes))
+
+
+def grow_tensor(roots: torch.Tensor, expand: Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor], *,
+                depths: list[int], top_ks: list[int], nodes: int) -> torch.Tensor:
+    """:func:`grow_on_device`'s device part, with no host read (what a CUDA graph can hold): each row's ``nodes``
+    best candidates, [6, R, nodes] (:func:`read_picked` reads it)."""
     rows, vocab = roots.shape
     width = min(max(top_ks), vocab)
     device = roots.device
@@ -64,17 +71,18 @@ def grow_on_device(roots: torch.Tensor, expand: Callable[[int, torch.Tensor, tor
         level_tokens, level_made = ids.gather(1, best), made + best
         level_need = torch.maximum(need.gather(1, best), rank + 1)
         made += width * width
-    return _pick(parts, rows, width, nodes)
-
-
-def _pick(parts: list[tuple], rows: int, width: int, nodes: int) -> list[tuple[list[int], list[int], list[int]]]:
-    """The ``nodes`` best candidates of each row, read in one go and ordered as ``rerank`` orders them."""
     tokens, scores, parents, needs = (torch.cat([p[i] for p in parts], -1) for i in range(4))
     depth = torch.cat([torch.full((p[0].shape[-1],), j + 1, device=tokens.device) for j, p in enumerate(parts)])
     order = scores.sort(dim=-1, descending=True, stable=True).indices[:, :nodes]
     take = [order, tokens.gather(1, order), parents.gather(1, order), needs.gather(1, order),
             depth.expand(rows, -1).gather(1, order), (scores.gather(1, order) > NEG).long()]
-    picked = torch.stack([t.long() for t in take]).tolist()  # the step's one read
+    return torch.stack([t.long() for t in take])
+
+
+def read_picked(picked: torch.Tensor) -> list[tuple[list[int], list[int], list[int]]]:
+    """The picked candidates read to the host (the step's one read), each row's ordered as ``rerank`` orders
+    them: by depth, then by score."""
+    rows, picked = picked.shape[1], picked.tolist()
     out = []
     for r in range(rows):
         chosen = [c for c in zip(*(field[r] for field in picked), strict=True) if c[5]]

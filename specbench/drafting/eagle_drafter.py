@@ -6,8 +6,10 @@ guesses'. Feature ``f_t`` paired with the embedding of token ``t+1`` sits at hea
 keeps a KV cache over those pairs. A step first feeds the pairs committed since the last one (one head
 forward), whose last output predicts the feature at the root, hence the first level's tokens; the dynamic
 tree (:mod:`specbench.drafting.dynamic_tree`) then grows on the device (:mod:`specbench.drafting.device_tree`:
-one head forward per level, one read of the tree a step), each node's children reading the node's own predicted feature at position ``root + depth - 1``. The tree's cache
-entries are cropped at the next step, when true features replace them.
+one head forward per level, one read of the tree a step; one CUDA graph when the target's steps are graphs,
+:mod:`specbench.drafting.head_graph`), each node's children reading the node's own predicted feature at
+position ``root + depth - 1``. The tree's cache entries are cropped at the next step, when true features
+replace them.
 
 The draft is deterministic (top-k tokens, no ``q``): sampling verifies it with the core's multi-candidate
 rule for deterministic trees, so the target's distribution is kept; greedy output is the target's.
@@ -31,9 +33,10 @@ import torch
 
 from specbench.core.draft import SOURCE_HEAD, DecodeState, Draft, Drafter, VerifyResult
 from specbench.core.forward import runs_on, upload
-from specbench.drafting.device_tree import ancestors, grow_on_device
+from specbench.drafting.device_tree import ancestors, grow_tensor, read_picked
 from specbench.drafting.eagle_head import EagleHead
 from specbench.drafting.head_formats import load_head
+from specbench.drafting.head_graph import TreeGraphs, tree_visibility
 from specbench.drafting.head_parts import HeadCache
 from specbench.errors import ConfigError
 from specbench.models.packed import PackedLinear, pack_linears
@@ -245,7 +248,11 @@ class HeadDrafter(Drafter):
             pack_linears(self.head)
         self.device = device
         self.feature_layers = self.head.feature_layers
-        self.cache = HeadCache()
+        rope = (self.head.c.rope_scaling or {}).get("rope_type")
+        self.trees = TreeGraphs(self.head.c.num_key_value_heads, self.head.c.head_dim, int(getattr(
+            target.config.get_text_config(), "max_position_embeddings", 4096)) + self.config.depth * self.config.top_k,
+            self.dtype, device) if self.context.graphs and not self.head.c.sliding_window and rope != "dynamic" else None
+        self.cache = self.trees.new_cache() if self.trees else HeadCache()
         # the target's states of positions start … start + n - 1, fused when the head next drafts
         self.pending: list[dict[int, torch.Tensor]] | None = None
         self.start_pos = 0
@@ -257,11 +264,16 @@ class HeadDrafter(Drafter):
     def spawn(self) -> HeadDrafter:
         """Another request's drafter: the same head and LM head (shared weights), a head cache of its own."""
         twin = copy.copy(self)
+        twin.cache = self.trees.new_cache() if self.trees else HeadCache()
         twin.start([])
         return twin
 
     def start(self, prompt_ids: list[int]) -> None:
-        self.cache, self.pending, self.start_pos = HeadCache(), None, 0
+        if self.trees:  # its buffers kept (the tree's graphs read them), emptied
+            self.cache.crop(0)
+        else:
+            self.cache = HeadCache()
+        self.pending, self.start_pos = None, 0
 
     def _fuse(self, features: dict[int, torch.Tensor]) -> torch.Tensor:
         # a sharded target's layers hand their states over on their own GPUs: the head reads them on its own
@@ -314,9 +326,9 @@ class HeadDrafter(Drafter):
     @staticmethod
     def propose_rows(drafters: list[HeadDrafter], states: list[DecodeState]) -> list[Draft | None]:
         """The drafts of several requests (a batch) whose drafters share one head, grown in lockstep on the device
-        (:func:`~specbench.drafting.device_tree.grow_on_device`): each tree level of every row in one head forward
-        (projections over all rows, attention over each row's cache), the tree read to the host once a step. A
-        row drafts what it would alone."""
+        (:meth:`_grow`): each tree level of every row in one head forward (projections over all rows, attention
+        over each row's cache), the tree read to the host once a step; alone, under graphs, the tree is one
+        graph's replay (:mod:`specbench.drafting.head_graph`). A row drafts what it would alone."""
         out: list[Draft | None] = [None] * len(drafters)
         rows = []  # (index, drafter, state, the head's feature at its root)
         for i, (d, state) in enumerate(zip(drafters, states, strict=True)):
@@ -330,35 +342,52 @@ class HeadDrafter(Drafter):
             return out
         first, c = rows[0][1], rows[0][1].config
         top_ks = [state.top_k(c.top_k) for _, _, state, _ in rows]
-        width, n = min(max(top_ks), first.vocab_size), len(rows)
-        feats = torch.cat([root for *_, root in rows])  # what each level's nodes read: their parents' features
-        tree = {"ancestors": feats.new_zeros(n, width, 0, dtype=torch.bool), "at": [len(d.cache) for _, d, *_ in rows]}
+        width = min(max(top_ks), first.vocab_size)
+        shape = ([min(c.depth, state.max_depth) for _, _, state, _ in rows], [min(k, width) for k in top_ks],
+                 c.total_tokens - 1)  # depths, top-ks, nodes
+        d = rows[0][1]
+        if len(rows) == 1 and first.trees is not None and first.trees.fits(d.cache, width, shape[0][0]):
+            core = copy.copy(first)  # the weights without a request's state: a graph keeps what it closes over
+            core.cache = core.pending = None
 
-        def expand(level: int, parent_slots: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-            nonlocal feats
-            if level:
-                feats = feats.gather(1, parent_slots[..., None].expand(-1, -1, feats.shape[-1]))
-                tree["ancestors"] = ancestors(tree["ancestors"], parent_slots, width)
-            else:
-                feats = feats[:, None].expand(-1, width, -1)
-            own, parts = torch.eye(width, dtype=torch.bool, device=first.device), []
-            for r, (_, d, _, _) in enumerate(rows):  # the committed prefix, the node's ancestors, itself
-                seen = [torch.ones(width, d.root_pos, dtype=torch.bool, device=first.device),
-                        own.new_zeros(width, tree["at"][r] - d.root_pos), tree["ancestors"][r], own]
-                parts.append((width, d.cache, torch.cat(seen, -1)))
-            positions = torch.cat([torch.full((width,), d.root_pos + level, device=first.device)
-                                   for _, d, *_ in rows])
-            ids = tokens.reshape(-1).to(runs_on(first.embed))
-            made = first.head(first.head.feed(feats.reshape(n * width, -1)),
-                              first.embed(ids).to(first.device, first.dtype, non_blocking=True), positions,
-                              parts[0][1], parts[0][2], parts if n > 1 else None)
-            feats = made.view(n, width, -1)
-            return first._logprobs(made)
+            def grow(root, prefix, start, make_rows, span):  # the tree's device part, in a graph
+                return core._grow(root, [(prefix, start, make_rows(start), span)], width, *shape)
 
-        roots = first._logprobs(feats)
-        drafts = grow_on_device(roots, expand, depths=[min(c.depth, state.max_depth) for _, _, state, _ in rows],
-                                top_ks=[min(k, width) for k in top_ks], nodes=c.total_tokens - 1)
+            picked = first.trees.run(grow, d.cache, rows[0][3], d.root_pos, (width, shape[0][0], shape[2], shape[1][0]))
+        else:
+            seqs = [(d.root_pos, len(d.cache), d.cache, None) for _, d, _, _ in rows]
+            picked = first._grow(torch.cat([root for *_, root in rows]), seqs, width, *shape)
+        drafts = read_picked(picked)
         for (i, *_), (toks, parents, needs), top_k in zip(rows, drafts, top_ks, strict=True):
             out[i] = Draft(tokens=toks, parents=parents, sources=[SOURCE_HEAD] * len(toks), tree_width=top_k,
                            needs=needs)
         return out
+
+    def _grow(self, feats: torch.Tensor, seqs: list[tuple], width: int, depths: list[int], top_ks: list[int],
+              nodes: int) -> torch.Tensor:
+        """The trees of ``seqs`` (per row: its committed prefix's length, where its tree starts in its cache, the
+        cache, the span a level attends over: None, the entries so far) from their roots' predicted features ``feats`` [R, H], on the
+        device (:func:`~specbench.drafting.device_tree.grow_tensor`): a level of every row in one head forward."""
+        n, own = len(seqs), torch.eye(width, dtype=torch.bool, device=self.device)
+        seen = feats.new_zeros(n, width, 0, dtype=torch.bool)  # each node's ancestors among the tree's entries
+
+        def expand(level: int, parent_slots: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+            nonlocal feats, seen
+            if level:  # a node reads its parent's predicted feature
+                feats = feats.gather(1, parent_slots[..., None].expand(-1, -1, feats.shape[-1]))
+                seen = ancestors(seen, parent_slots, width)
+            else:
+                feats = feats[:, None].expand(-1, width, -1)
+            parts = [(width, cache, tree_visibility(prefix, start, torch.cat([seen[r], own], -1),
+                                                    span or start + (level + 1) * width))
+                     for r, (prefix, start, cache, span) in enumerate(seqs)]
+            positions = torch.cat([torch.zeros(width, dtype=torch.long, device=self.device) + prefix + level
+                                   for prefix, *_ in seqs])
+            ids = tokens.reshape(-1).to(runs_on(self.embed))
+            made = self.head(self.head.feed(feats.reshape(n * width, -1)),
+                             self.embed(ids).to(self.device, self.dtype, non_blocking=True), positions,
+                             parts[0][1], parts[0][2], parts if n > 1 else None)
+            feats = made.view(n, width, -1)
+            return self._logprobs(made)
+
+        return grow_tensor(self._logprobs(feats), expand, depths=depths, top_ks=top_ks, nodes=nodes)

@@ -746,6 +746,43 @@ def test_medusa_is_greedy_lossless_on_the_tiny_llama(tiny_llama, tiny_medusa_dir
     assert len(drafter.paths) == 12 and drafter.paths[0] == (0,)
 
 
+def test_an_eagle_tree_is_one_graph_a_step_when_the_targets_steps_are(tiny_llama, tiny_head_dir, monkeypatch):
+    """With ``DrafterContext.graphs`` (rehearsed here) a step's tree after the head catches up is one graph's
+    replay: the same drafts and steps as grown directly; requests after the first take the first one's cache
+    buffers again and capture nothing new for the same shapes; a graph whose inputs are never refreshed drafts
+    otherwise (the target runs eagerly here, so only the tree's graphs go stale)."""
+    from specbench.core.draft import DrafterContext
+    from specbench.core.graphs import StepGraph
+
+    target = Target(tiny_llama.model)
+
+    def decode(graphs: bool, prompts=PROMPTS):
+        ctx = DrafterContext(target_model=tiny_llama.model, target_name=tiny_llama.name, graphs=graphs)
+        first = Eagle(EagleConfig(head=str(tiny_head_dir), depth=4, top_k=3, total_tokens=10),
+                      vocab_size=tiny_llama.vocab_size, context=ctx)
+        drafts: list = []
+        monkeypatch.setattr(Eagle, "propose", lambda self, state: drafts.append(
+            Eagle.propose_rows([self], [state])[0]) or drafts[-1])  # on the class: a request's drafter ends with it
+        recs = [generate(target, first.spawn(), p, max_new_tokens=24) for p in prompts]
+        monkeypatch.undo()
+        return first, recs, [(d.tokens, d.parents, d.needs) if d else None for d in drafts]
+
+    plain, expected, drafted = decode(False)
+    first, recs, graphed = decode(True)
+    assert plain.trees is None and first.trees.graphs and graphed == drafted
+    assert [r.step_tokens for r in recs] == [r.step_tokens for r in expected]
+    assert [r.output_ids for r in recs] == [autoregressive_output(target, p, 24) for p in PROMPTS]
+    assert len({key[0] for key in first.trees.graphs}) == 1  # one buffer, taken again by each request
+    call = StepGraph.__call__
+    with monkeypatch.context() as stale:
+        stale.setattr(StepGraph, "__call__", lambda self, *values: call(self, *self.inputs))  # inputs never copied
+        ctx = DrafterContext(target_model=tiny_llama.model, target_name=tiny_llama.name, graphs=True)
+        drafter = Eagle(EagleConfig(head=str(tiny_head_dir), depth=4, top_k=3, total_tokens=10),
+                        vocab_size=tiny_llama.vocab_size, context=ctx)
+        assert [generate(target, drafter, p, max_new_tokens=24).step_tokens for p in PROMPTS] != [
+            r.step_tokens for r in expected]
+
+
 def test_medusa_heads_run_as_a_graph_when_the_targets_steps_do(tiny_llama, tiny_medusa_dir, monkeypatch):
     """With the target's steps as graphs (``DrafterContext.graphs``, rehearsed here) the heads' pass is a graph of
     its own per rows × depth × width: the same steps as the heads run directly; a graph whose input is never
