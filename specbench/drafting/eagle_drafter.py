@@ -36,7 +36,7 @@ from specbench.core.forward import runs_on, upload
 from specbench.drafting.device_tree import ancestors, grow_tensor, read_picked
 from specbench.drafting.eagle_head import EagleHead
 from specbench.drafting.head_formats import load_head
-from specbench.drafting.head_graph import TreeGraphs, tree_visibility
+from specbench.drafting.head_graph import GRAPHED_CONTEXT, TreeGraphs, tree_visibility
 from specbench.drafting.head_parts import HeadCache
 from specbench.errors import ConfigError
 from specbench.models.packed import PackedLinear, pack_linears
@@ -249,8 +249,8 @@ class HeadDrafter(Drafter):
         self.device = device
         self.feature_layers = self.head.feature_layers
         rope = (self.head.c.rope_scaling or {}).get("rope_type")
-        self.trees = TreeGraphs(self.head.c.num_key_value_heads, self.head.c.head_dim, int(getattr(
-            target.config.get_text_config(), "max_position_embeddings", 4096)) + self.config.depth * self.config.top_k,
+        self.trees = TreeGraphs(self.head.c.num_key_value_heads, self.head.c.head_dim, min(GRAPHED_CONTEXT, int(getattr(
+            target.config.get_text_config(), "max_position_embeddings", 4096))) + self.config.depth * self.config.top_k,
             self.dtype, device) if self.context.graphs and not self.head.c.sliding_window and rope != "dynamic" else None
         self.cache = self.trees.new_cache() if self.trees else HeadCache()
         # the target's states of positions start … start + n - 1, fused when the head next drafts

@@ -9,7 +9,7 @@ at device-held positions (:class:`StaticRows`) into buffers of fixed capacity, a
 the graph (:func:`tree_visibility`, which the eager path uses too). The one read of the step follows the replay.
 
 Left eager: a batch's rows (each its own cache), a head with a sliding window or ``dynamic`` rotary scaling (both
-read lengths on the host), a tree that would not fit the buffer.
+read lengths on the host), a tree that would not fit the buffer (:data:`GRAPHED_CONTEXT` entries and the tree's).
 """
 
 from __future__ import annotations
@@ -22,6 +22,9 @@ import torch
 from specbench.core.graphs import StepGraph, span_bucket
 from specbench.core.kv import upload
 from specbench.drafting.head_parts import HeadCache
+
+GRAPHED_CONTEXT = 8192  # the context a head's graphed buffers hold (16 MB of keys for Llama-3-8B's EAGLE-3 head in
+# fp16, not the 256 MB of its 128k positions); a longer text's steps draft eagerly
 
 
 def tree_visibility(prefix, start, tree: torch.Tensor, span: int) -> torch.Tensor:

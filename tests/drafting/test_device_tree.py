@@ -72,3 +72,15 @@ def test_a_node_sees_its_ancestors_and_no_cousin():
     assert level1.tolist() == [[[True, False], [False, True]]]
     level2 = ancestors(level1, torch.tensor([[1, 0]]), 2)
     assert level2.int().tolist() == [[[0, 1, 0, 1], [1, 0, 1, 0]]]
+
+
+def test_graphed_head_buffers_are_taken_again_and_a_tree_past_them_is_left_eager():
+    from specbench.drafting.head_graph import TreeGraphs
+
+    trees = TreeGraphs(1, 2, 10, torch.float32, torch.device("cpu"))
+    cache = trees.new_cache()
+    keys = cache.keys.data_ptr()
+    cache.length = 6
+    assert trees.fits(cache, 2, 2) and not trees.fits(cache, 2, 3)  # 6 + 3 levels × 2 nodes > 10 entries
+    del cache  # an ended request's buffers go back for the next one
+    assert trees.new_cache().keys.data_ptr() == keys
