@@ -16,6 +16,9 @@ ranks among the w best of its level (a narrower level competes with a subset of 
 there is no worse). Each candidate records that narrowest w (``Tree.needs``), so what a narrower tree would
 have drafted is read off the full one (``budget=auto`` prices the top-k by it).
 
+The drafters grow the same tree on the device (:mod:`specbench.drafting.device_tree`, tested equal to this one,
+ties included); this module is its plain statement and the reference those tests check against.
+
 Pure: the draft model enters through ``expand``, which maps the nodes of one level to their children's
 log-probabilities; tested by hand on made-up ones.
 """

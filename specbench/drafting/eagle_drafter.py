@@ -248,10 +248,12 @@ class HeadDrafter(Drafter):
             pack_linears(self.head)
         self.device = device
         self.feature_layers = self.head.feature_layers
-        rope = (self.head.c.rope_scaling or {}).get("rope_type")
-        self.trees = TreeGraphs(self.head.c.num_key_value_heads, self.head.c.head_dim, min(GRAPHED_CONTEXT, int(getattr(
-            target.config.get_text_config(), "max_position_embeddings", 4096))) + self.config.depth * self.config.top_k,
-            self.dtype, device) if self.context.graphs and not self.head.c.sliding_window and rope != "dynamic" else None
+        self.trees: TreeGraphs | None = None  # the tree as a graph a step, when the target's steps are graphs
+        c = self.head.c
+        if self.context.graphs and not c.sliding_window and (c.rope_scaling or {}).get("rope_type") != "dynamic":
+            positions = min(GRAPHED_CONTEXT, int(getattr(target.config, "max_position_embeddings", 4096)))
+            self.trees = TreeGraphs(c.num_key_value_heads, c.head_dim, positions + self.config.depth * self.config.top_k,
+                                    self.dtype, device)
         self.cache = self.trees.new_cache() if self.trees else HeadCache()
         # the target's states of positions start … start + n - 1, fused when the head next drafts
         self.pending: list[dict[int, torch.Tensor]] | None = None
@@ -365,9 +367,10 @@ class HeadDrafter(Drafter):
 
     def _grow(self, feats: torch.Tensor, seqs: list[tuple], width: int, depths: list[int], top_ks: list[int],
               nodes: int) -> torch.Tensor:
-        """The trees of ``seqs`` (per row: its committed prefix's length, where its tree starts in its cache, the
-        cache, the span a level attends over: None, the entries so far) from their roots' predicted features ``feats`` [R, H], on the
-        device (:func:`~specbench.drafting.device_tree.grow_tensor`): a level of every row in one head forward."""
+        """The trees of ``seqs`` from their roots' predicted features ``feats`` [R, H], on the device
+        (:func:`~specbench.drafting.device_tree.grow_tensor`), a level of every row in one head forward. Per row:
+        its committed prefix's length, where its tree starts in its cache, the cache, and the span a level attends
+        over (None: the entries so far; a graph's fixed span otherwise)."""
         n, own = len(seqs), torch.eye(width, dtype=torch.bool, device=self.device)
         seen = feats.new_zeros(n, width, 0, dtype=torch.bool)  # each node's ancestors among the tree's entries
 
