@@ -8,6 +8,8 @@ its oneDNN layout where the CPU has one.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 
@@ -46,6 +48,25 @@ def lay_out(w: torch.Tensor, pack: bool) -> tuple[torch.Tensor, torch.Tensor | N
     """A weight as the forward takes it: itself (one row), and laid out for oneDNN (several rows) where it can."""
     w = w.detach().contiguous()
     return w, (torch.ops.mkldnn._reorder_linear_weight(w, None) if pack else None)
+
+
+_LAID_OUT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # a layer's weights as laid out, by packing
+
+
+def layer_weights(layer: torch.nn.Module, pack: bool) -> tuple:
+    """A Llama-shaped layer's weights as the compiled pieces take them: q/k/v fused in one matrix, gate and up in
+    another, each as :func:`lay_out` gives it. Made once per layer: every forward of the model (its target's,
+    a self-draft's) shares them."""
+    done = _LAID_OUT.setdefault(layer, {})
+    if pack not in done:
+        a, m = layer.self_attn, layer.mlp
+        parts = (a.q_proj, a.k_proj, a.v_proj)
+        qkv = lay_out(torch.cat([p.weight.detach() for p in parts]), pack)
+        bias = torch.cat([p.bias.detach() for p in parts]) if parts[0].bias is not None else None
+        gate_up = lay_out(torch.cat([m.gate_proj.weight.detach(), m.up_proj.weight.detach()]), pack)
+        done[pack] = (layer.input_layernorm.weight.detach(), qkv, bias, lay_out(a.o_proj.weight, pack),
+                      layer.post_attention_layernorm.weight.detach(), gate_up, lay_out(m.down_proj.weight, pack))
+    return done[pack]
 
 
 def product(x: torch.Tensor, weight: tuple, bias: torch.Tensor | None = None) -> torch.Tensor:

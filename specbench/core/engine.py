@@ -107,15 +107,19 @@ def supported(model: torch.nn.Module) -> str | None:
 class CompiledTarget(Target):
     """The target with ``forward=compiled``; ``backend``: torch.compile's (``inductor``; ``eager`` runs the
     same static-shape path uncompiled, as the quick tests do); ``graphs``: each step a CUDA graph
-    (:mod:`specbench.core.graphs`; None: on a GPU), the layers then left to their own kernels."""
+    (:mod:`specbench.core.graphs`; None: on a GPU), the layers then left to their own kernels; ``layers``: the
+    layers run, in order (a self-draft's; None: all), its cache holding theirs alone."""
 
     mode = "compiled"
 
-    def __init__(self, model: torch.nn.Module, backend: str = "inductor", graphs: bool | None = None) -> None:
+    def __init__(self, model: torch.nn.Module, backend: str = "inductor", graphs: bool | None = None,
+                 layers: list[int] | None = None) -> None:
         why = supported(model)
         if why:
             raise EngineError(why)
         super().__init__(model)
+        kept = range(self.n_layers) if layers is None else layers  # a self-draft: the layers it keeps, in order
+        self.layer_devices, self.n_layers = [self.layer_devices[i] for i in kept], len(kept)
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         first = self.base.layers[0].self_attn
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
@@ -124,7 +128,7 @@ class CompiledTarget(Target):
         self.eps = float(config.rms_norm_eps)
         self.max_positions = int(getattr(config, "max_position_embeddings", 4096))
         pack = decoder.can_pack(self.device, self.dtype)
-        self.weights = [self._layer_weights(layer, pack) for layer in self.base.layers]
+        self.weights = [decoder.layer_weights(self.base.layers[i], pack) for i in kept]
         self.embed = model.get_input_embeddings().weight.detach()
         self.final = (self.base.norm.weight.detach(), decoder.lay_out(self.lm_head.weight, pack))
         self.cos, self.sin = self._rotary(self.max_positions + PIECE)
@@ -145,16 +149,6 @@ class CompiledTarget(Target):
             self._fns = {name: torch.compile(_own(fn), backend=backend, dynamic=None, fullgraph=True)
                          for name, fn in fns}
             _allow_recompiles()
-
-    def _layer_weights(self, layer, pack: bool) -> tuple:
-        """A layer's weights as the compiled pieces take them: q/k/v fused in one matrix, gate and up in another."""
-        a, m = layer.self_attn, layer.mlp
-        parts = (a.q_proj, a.k_proj, a.v_proj)
-        qkv = decoder.lay_out(torch.cat([p.weight.detach() for p in parts]), pack)
-        bias = torch.cat([p.bias.detach() for p in parts]) if parts[0].bias is not None else None
-        gate_up = decoder.lay_out(torch.cat([m.gate_proj.weight.detach(), m.up_proj.weight.detach()]), pack)
-        return (layer.input_layernorm.weight.detach(), qkv, bias, decoder.lay_out(a.o_proj.weight, pack),
-                layer.post_attention_layernorm.weight.detach(), gate_up, decoder.lay_out(m.down_proj.weight, pack))
 
     def _rotary(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin of every position up to ``n``, from the model's own rotary module (scaling included)."""

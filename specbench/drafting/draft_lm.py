@@ -21,6 +21,10 @@ has its logits cut to the target's vocabulary before ``q`` is formed.
 The cache follows the committed tokens: before each proposal a slot is cut to
 the longest prefix it shares with them (rejected drafted tokens go) and the
 tokens committed since are fed.
+
+With ``graphs`` (the target's steps are CUDA graphs), a draft the compiled
+forward runs is fed through :mod:`specbench.drafting.draft_graph` instead: each
+draft a cache of its own, a block a graph.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import torch.nn.functional as F
 from specbench.core.acceptance import SamplingParams, target_probs
 from specbench.core.forward import Target, cache_kwarg, upload
 from specbench.core.kv import RowCache
+from specbench.drafting.draft_graph import GraphedDraft
 
 ALONE = 16  # a catch-up longer than this (a new prompt) is fed alone, not in the batch's forward
 
@@ -61,7 +66,8 @@ class DraftLM:
     """A causal LM run part by part over ``layers``, its KV entries in a slot of a cache it shares with its
     spawns (:class:`DraftRows`)."""
 
-    def __init__(self, model: torch.nn.Module, layers: list[int] | None = None, vocab_size: int | None = None):
+    def __init__(self, model: torch.nn.Module, layers: list[int] | None = None, vocab_size: int | None = None,
+                 graphs: bool = False):
         self.model = model
         self.base = model.base_model
         self.head = model.get_output_embeddings()
@@ -77,9 +83,12 @@ class DraftLM:
         self.embed_size = self.base.embed_tokens.weight.shape[0]
         self.vocab_size = vocab_size or self.draft_vocab  # the target's: q is padded (or cut) to it
         self.rows = DraftRows(self.shape, self.layers)
+        self.graphed = GraphedDraft(model, layers) if graphs and GraphedDraft.fits(model) else None
         self._own_slot()
 
     def _own_slot(self) -> None:
+        if self.graphed is not None:  # under graphs each draft has a cache of its own (see draft_graph)
+            self.rows = self.graphed.rows()
         self.slot = self.rows.claim()
         weakref.finalize(self, self.rows.release, self.slot)
         self.tokens: list[int] = []  # the tokens whose keys and values the slot holds
@@ -109,6 +118,12 @@ class DraftLM:
         Returns the logits and last hidden states after each block's last token (``[n, vocab]``, ``[n, hidden]``),
         or, for one draft and ``every_position``, after each of its tokens."""
         first = lms[0]
+        if first.graphed is not None:  # a graph a row
+            parts = [first.graphed.feed(lm.rows.cache, block, every_position) for lm, block in zip(lms, blocks,
+                                                                                                strict=True)]
+            for lm, block in zip(lms, blocks, strict=True):
+                lm.tokens.extend(block)
+            return tuple(torch.cat([p[i] for p in parts]) for i in (0, 1))
         shape, cache = first.shape, first.rows.cache
         where = {lm.slot: k for k, lm in enumerate(lms)}
         lo, hi = min(where), max(where) + 1

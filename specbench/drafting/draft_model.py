@@ -104,7 +104,7 @@ def build_draft_lm(settings: DraftModelSettings, context: DrafterContext, tokeni
         if context.target_model is None:
             raise ConfigError("self-draft needs the target model in the drafter context (DrafterContext.target_model)")
         n_layers = len(context.target_model.base_model.layers)
-        return DraftLM(context.target_model, settings.kept_layers(n_layers), vocab_size)
+        return DraftLM(context.target_model, settings.kept_layers(n_layers), vocab_size, graphs=context.graphs)
     if context.load_model is None:
         raise ConfigError(f"draft model '{settings.draft_model}' needs a model loader in the drafter context")
     loaded = context.load_model(settings.draft_model)
@@ -114,7 +114,7 @@ def build_draft_lm(settings: DraftModelSettings, context: DrafterContext, tokeni
             f"({len(loaded.tokenizer.get_vocab())} vs {len(tokenizer.get_vocab()) if tokenizer else '?'} entries): "
             "pick a draft of the target's family (same tokenizer), or method.draft_model=self"
         )
-    return DraftLM(loaded.model, None, vocab_size)
+    return DraftLM(loaded.model, None, vocab_size, graphs=context.graphs)
 
 
 @dataclass
@@ -166,7 +166,8 @@ class ModelDrafter(Drafter):
         """A new chain starts (per-chain state of the stopping rule)."""
 
     def keep_drafting(self, hidden: torch.Tensor) -> bool:
-        """After a drafted token was fed (``hidden`` is its last hidden state): draft another?"""
+        """After a drafted token was fed (``hidden`` is its last hidden state): draft another? (A rule that
+        stops early sets :attr:`needs_last_hidden`: without it, a greedy chain under graphs is drafted whole.)"""
         return True
 
     needs_last_hidden = False  # feed the chain's last token too (a stopping rule reads its hidden state)
@@ -191,6 +192,12 @@ class ModelDrafter(Drafter):
             return out
         first = rows[0][1]
         logits, _ = DraftLM.catch_up_rows([d.lm for _, d, _ in rows], [states[i].tokens for i, _, _ in rows])
+        if len(rows) == 1 and first.lm.graphed is not None and first.params.greedy and not first.needs_last_hidden:
+            (i, d, length), = rows  # under graphs, alone and greedy: the chain drafted on the device, read once
+            tokens = d.lm.graphed.chain(d.lm.rows.cache, logits, length, d.lm.vocab_size)
+            d.lm.tokens.extend(tokens[:-1])  # the last one chosen, not fed
+            out[i] = Draft.chain(tokens, SOURCE_MODEL)
+            return out
         chains = [DraftChain() for _ in rows]
         for _, d, _ in rows:
             d.begin_chain()

@@ -8,9 +8,9 @@
 - ``graphs: t(q) at <context>``: one verification step (:func:`specbench.machine.costs.timed_step`), eager and
   graphed alternating, the median of :data:`ROUNDS`, at contexts 128 and 2,048 (``--long-context``), in fp16 with every layer that fits;
   the graphs' capture is timed apart;
-- ``graphs: per step``: for autoregressive decoding, EAGLE-3 and DFlash under graphs, the host syncs per decode step
-  (torch's sync debug mode, against each method's ceiling), CUDA launches per step (kernels and graphs, from
-  torch.profiler) and the drafting's milliseconds per step.
+- ``graphs: per step``: for autoregressive decoding, EAGLE-3, DFlash and sps (a self-draft) under graphs, the
+  host syncs per decode step (torch's sync debug mode, against each method's ceiling), CUDA launches per step
+  (kernels and graphs, from torch.profiler) and the drafting's milliseconds per step.
 
 On a CPU (the test suite's tiny shapes) the graphs are rehearsed and neither syncs nor launches are counted.
 """
@@ -39,7 +39,7 @@ SHORT = 128  # the short context t(q) is timed at; the long one is gpu-check's -
 ROUNDS = 5
 TOLERANCE = 1e-3  # the largest logit difference, in standard deviations of the logits (fp32)
 LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch")
-PER_STEP = ("autoregressive", "eagle3", "dflash")  # the heads beside each other: drafting ms a step
+PER_STEP = ("autoregressive", "eagle3", "dflash", "sps")  # heads and a self-draft beside each other: drafting ms a step
 
 
 def graphed(model: torch.nn.Module) -> CompiledTarget:

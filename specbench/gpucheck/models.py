@@ -23,6 +23,7 @@ from specbench.core.attention import fold_gqa
 from specbench.core.draft import Drafter, DrafterContext
 from specbench.core.forward import Target
 from specbench.core.reference import References
+from specbench.drafting.draft_model import ModelDrafter
 
 SHAPES = {
     "llama2-7b": dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_attention_heads=32,
@@ -132,8 +133,8 @@ def drafters(target: Target, vocab: int, workdir: Path, texts: list[list[int]], 
                                    temperature=context.sampling.temperature, device=target.head_device)
         config = build_method_config(name, settings)
         cls = get_method(name)
-        if getattr(cls, "KIND", None) and "head" in settings:  # its weights loaded once, then shared
-            key = (id(target.model), name, context.sampling.temperature, settings["head"])
+        if getattr(cls, "KIND", None) and "head" in settings or issubclass(cls, ModelDrafter):  # loaded once
+            key = (id(target.model), name, context.sampling.temperature, settings.get("head"))
             out[name] = lambda cls=cls, config=config, key=key: _prototype(key, lambda: cls(
                 config, vocab_size=vocab, seed=0, context=context)).spawn()
         else:
@@ -145,8 +146,9 @@ _PROTOTYPES: dict = {}
 
 
 def _prototype(key, make: Callable[[], Drafter]) -> Drafter:
-    """A head method's first drafter for this target, sampling and head, kept so that later ones are its spawns
-    (the same weights, fresh state) instead of loading the head again: Medusa's for the 8B shape is 3 GB."""
+    """A head method's or a draft model's first drafter for this target, sampling and head, kept so that later
+    ones are its spawns (the same weights, fresh state) instead of loading the head again (Medusa's for the 8B
+    shape is 3 GB); under graphs a draft model's spawns replay the graphs the first captured."""
     if key not in _PROTOTYPES:
         _PROTOTYPES[key] = make()
     return _PROTOTYPES[key]
