@@ -2,8 +2,9 @@
 
 :func:`measure` times a step's verification (``Target.forward_draft``: a block of q tokens through the tree
 mask, every row's logits; then the cache compacted to an accepted path of three guesses) for block sizes
-:data:`QS` after a few context lengths, every device synchronised, the fastest of a few repeats, each row made
-non-decreasing in q (pool adjacent violators). :func:`measure_batch` does the same for B rows a forward
+:data:`QS` after a few context lengths, every device synchronised, the plain step the fastest of a few rounds and
+every block that times the median of its paired ratios to it, each row made non-decreasing in q (pool adjacent
+violators). :func:`measure_batch` does the same for B rows a forward
 (``Target.forward_rows``). Curves are cached per machine, software, model, dtype, attention and placement under
 ``$SPECBENCH_CACHE/costs/``, ``budget=static``'s drafting tables beside them. ``specbench costs``
 prints a curve.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import statistics
 import sys
 from pathlib import Path
 from time import perf_counter
@@ -30,7 +32,8 @@ CONTEXTS = (128, 1024)  # on a CPU; GPU_CONTEXTS on a GPU (MT-Bench's second tur
 GPU_CONTEXTS = (128, 1024, 2048, 4096)
 COST_DIR = "costs"
 BATCH_TOKENS = 1024  # most tokens (rows × block) a batched forward is timed with on a CPU; 4096 on a GPU
-MEASURE_VERSION = 4  # part of the cache key: a changed measurement invalidates cached curves
+SMALL_Q = 8  # blocks up to this size get more rounds: their costs differ from a plain step's by a tenth or so
+MEASURE_VERSION = 5  # part of the cache key: a changed measurement invalidates cached curves
 STALE = 1 / 3  # a cached curve off the plain step timed now by more than this (×4/3 or ×3/4) is timed again: a
 # 2-core VM's own pace moves ±15% within minutes (docs/measurements/budget.md), a day's or a load's far more
 
@@ -86,11 +89,17 @@ def timed_step(target: Any, draft: Draft, cache: Any, root: int, past: int) -> t
 
 @torch.inference_mode()
 def measure(target: Any, vocab_size: int, *, qs=QS, contexts=None, repeats: int = 3, warmup: int = 2,
-            seed: int = 0, progress: bool = False, context_length: int | None = None) -> CostModel:
-    """Time a verification (``forward_draft``, then ``compact``) for every block size and context length;
-    keep the fastest of ``repeats``. Each round times every (context, block) once, so a drift in the machine's
-    speed (a GPU's host can halve its pace within a minute) spreads over the whole curve instead of skewing one
-    context's row against another's. ``contexts`` defaults to :func:`contexts_for`."""
+            seed: int = 0, progress: bool = False, context_length: int | None = None,
+            small_repeats: int | None = None) -> CostModel:
+    """Time a verification (``forward_draft``, then ``compact``) for every block size and context length. Each
+    round times every (context, block) once, so a drift in the machine's speed (a GPU's host can halve its pace
+    within a minute) spreads over the whole curve instead of skewing one context's row against another's. A
+    context's first block (a plain step) costs the fastest of its rounds; every other block costs that
+    times the median, over the rounds, of its time over the plain step's in the same round: the fastest of a
+    few rounds cannot tell apart blocks whose typical costs differ by a tenth, the median of paired ratios can.
+    Blocks up to :data:`SMALL_Q` tokens, where those differences lie, and the plain step get ``small_repeats``
+    rounds (three times ``repeats`` when None), the others ``repeats``. ``contexts`` defaults to
+    :func:`contexts_for`."""
     from specbench.provenance import device_name
 
     contexts = tuple(contexts) if contexts else contexts_for(target, context_length, qs)
@@ -102,13 +111,19 @@ def measure(target: Any, vocab_size: int, *, qs=QS, contexts=None, repeats: int 
         target.prefill(prompt, cache)
         rows.append((cache, prompt, cache.get_seq_length()))
     drafts = [_tree(q, vocab_size, gen) for q in qs]
-    seconds = [[float("inf")] * len(qs) for _ in contexts]
-    for r in range(warmup + repeats):
+    times: list[list[list[float]]] = [[[] for _ in qs] for _ in contexts]  # per context and block: each round's
+    small = max(repeats, 3 * repeats if small_repeats is None else small_repeats) if any(
+        q <= SMALL_Q for q in qs[1:]) else repeats
+    for r in range(warmup + small):
         for i, (cache, prompt, past) in enumerate(rows):
             for j, draft in enumerate(drafts):
+                if j and r >= warmup + repeats and qs[j] > SMALL_Q:
+                    continue
                 took, _ = timed_step(target, draft, cache, prompt[-1], past)
                 if r >= warmup:
-                    seconds[i][j] = min(seconds[i][j], took)
+                    times[i][j].append(took)
+    seconds = [[min(row[0]) * statistics.median(t / p for t, p in zip(cell, row[0], strict=False)) if min(row[0]) > 0
+                else min(cell) for cell in row] for row in times]  # the plain step's fastest × each block's median ratio
     if progress:
         for ctx, row in zip(contexts, seconds, strict=True):
             print(f"  context {ctx}: " + ", ".join(f"q {q} {1000 * s:.1f} ms" for q, s in zip(qs, row, strict=True)),

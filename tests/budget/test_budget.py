@@ -98,14 +98,15 @@ def test_measurement_times_the_compaction_too(tiny_llama, monkeypatch):
     paths = []
     real = target.compact
     monkeypatch.setattr(target, "compact", lambda cache, past, path: paths.append(path) or real(cache, past, path))
-    measure(target, tiny_llama.vocab_size, qs=(1, 8), contexts=(16,), repeats=1, warmup=0)
+    measure(target, tiny_llama.vocab_size, qs=(1, 8), contexts=(16,), repeats=1, warmup=0, small_repeats=1)
     assert paths == [[], [0, 2, 4]]  # q = 8: an accepted path of three guesses down one chain
 
 
 def test_a_machine_that_halves_its_pace_midway_leaves_the_curve_as_it_was(tiny_llama, monkeypatch):
     """Every forward after the first half of the measurement takes twice as long (a GPU's host slowing down, on a
-    clock the test controls): each round times the whole curve, so the fastest of two rounds is the first's, and
-    every context's row reads its true cost; timed context by context, the last row would read double."""
+    clock the test controls): each round times the whole curve, so the plain step's fastest round is the first's,
+    each block's ratio to it holds in every round, and every context's row reads its true cost; timed context by
+    context, the last row would read double."""
     import specbench.machine.costs as machine_costs
 
     target, now, calls = Target(tiny_llama.model), [0.0], [0]
@@ -120,7 +121,33 @@ def test_a_machine_that_halves_its_pace_midway_leaves_the_curve_as_it_was(tiny_l
     monkeypatch.setattr(target, "forward_draft", forward_draft)
     monkeypatch.setattr(machine_costs, "perf_counter", lambda: now[0])
     m = measure(target, tiny_llama.vocab_size, qs=(1, 8), contexts=(16, 64), repeats=2, warmup=0)
-    assert calls[0] == 2 * len(true) and m.seconds == [[1.0, 2.0], [3.0, 5.0]]
+    assert calls[0] == 6 * len(true) and m.seconds == [[1.0, 2.0], [3.0, 5.0]]  # q = 8 is small: 6 rounds
+
+
+def test_a_small_block_costs_its_typical_ratio_to_a_plain_step_not_its_luckiest_round(tiny_llama, monkeypatch):
+    """On a clock the test controls, a block of 2 takes 1.12 plain steps in most rounds and 0.9 s in a lucky one,
+    a block of 24 twice a plain step, a plain step 1.0 s with one round at 0.9: the plain step costs its
+    fastest round, the small block the median of its paired ratios (the fastest of its rounds would price it
+    as a plain step), the large block (three rounds, not nine) its ratio."""
+    import specbench.machine.costs as machine_costs
+
+    target, now = Target(tiny_llama.model), [0.0]
+    rounds = {1: [1.0, 1.0, 0.9, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0], 2: [1.12, 0.9, 1.008, 1.12, 1.14, 1.12, 1.1, 1.12,
+                                                                     1.13], 24: [2.0, 2.0, 1.8]}
+    real, seen = target.forward_draft, {1: 0, 2: 0, 24: 0}
+
+    def forward_draft(root, draft, cache, *args, **kwargs):
+        q = 1 + len(draft)
+        now[0] += rounds[q][seen[q]]
+        seen[q] += 1
+        return real(root, draft, cache, *args, **kwargs)
+
+    monkeypatch.setattr(target, "forward_draft", forward_draft)
+    monkeypatch.setattr(machine_costs, "perf_counter", lambda: now[0])
+    m = measure(target, tiny_llama.vocab_size, qs=(1, 2, 24), contexts=(16,), repeats=3, warmup=0)
+    assert seen == {1: 9, 2: 9, 24: 3}
+    assert m.seconds[0][0] == pytest.approx(0.9) and m.seconds[0][1] == pytest.approx(0.9 * 1.12)
+    assert m.seconds[0][2] == pytest.approx(0.9 * 2.0)
 
 
 def test_a_cached_curve_off_the_machines_pace_is_timed_again(tiny_llama, tmp_path, monkeypatch, capsys):
