@@ -38,6 +38,7 @@ from specbench.core.forward import runs_on
 from specbench.core.kv import upload
 from specbench.drafting.dflash import Context
 from specbench.drafting.dflash_files import load_dflash, read_shape
+from specbench.drafting.dflash_graph import DFlashGraphs
 from specbench.drafting.dflash_tree import best_first
 from specbench.errors import ConfigError
 
@@ -111,6 +112,9 @@ class DFlash(Drafter):
         self.feature_layers = tuple(t + 1 for t in self.net.s.taps)
         self.params = self.context.sampling or SamplingParams()
         self.generator = torch.Generator()  # the sampled chain's draws (CPU uniforms, drawn on the device)
+        self.graphs = DFlashGraphs(self.net, self.embed, self.lm_head) if self.context.graphs and runs_on(
+            self.embed) == self.device else None  # under graphs: a step one graph (specbench/drafting/dflash_graph)
+        self.static = self.graphs.new_context() if self.graphs else None
         self.start([])
 
     def provenance(self) -> dict[str, Any]:
@@ -120,11 +124,15 @@ class DFlash(Drafter):
         """Another request's drafter: the same network (shared weights), a context of its own."""
         twin = copy.copy(self)
         twin.generator = torch.Generator()
+        twin.static = self.graphs.new_context() if self.graphs else None
         twin.start([])
         return twin
 
     def start(self, prompt_ids: list[int]) -> None:
         self.context: Context | None = None
+        if self.graphs is not None:  # its buffers kept (the graphs read them), emptied
+            self.static = self.static or self.graphs.new_context()
+            self.static.length = 0
         self.pending: list[torch.Tensor] = []  # the target's tapped states at positions not yet in the context
         self.generator.manual_seed(self.seed * 1_000_003 + zlib.crc32(np.asarray(prompt_ids, np.int64).tobytes()))
 
@@ -146,16 +154,21 @@ class DFlash(Drafter):
         if depth < 1 or not self.pending:
             return None
         features = torch.cat(self.pending)
-        seen = self.context.length if self.context is not None else 0
+        if self.static is not None and not self.graphs.fits(self.static, features.shape[0], depth + 1):
+            self.context, self.static = self.graphs.unpack(self.static), None  # past the buffers: eager from here
+        seen = self.static.length if self.static is not None else self.context.length if self.context else 0
         root = len(state.tokens) - 1  # the root's position: every position before it is verified
         if seen + features.shape[0] != root:
             raise RuntimeError(f"dflash: the context covers {seen + features.shape[0]} positions, the root is at {root}")
         ids = upload([state.tokens[-1]] + [self.net.s.mask_token] * depth, runs_on(self.embed))
-        block = self.embed(ids).to(self.device, self.dtype)
-        positions = torch.arange(seen, root + depth + 1, device=self.device)
-        hidden, self.context = self.net(features, block, positions, self.context)
         self.pending = []
-        logits = self.lm_head(hidden[1:])
+        if self.static is not None:
+            logits = self.graphs(self.static, features, ids)
+        else:
+            block = self.embed(ids).to(self.device, self.dtype)
+            positions = torch.arange(seen, root + depth + 1, device=self.device)
+            hidden, self.context = self.net(features, block, positions, self.context)
+            logits = self.lm_head(hidden[1:])
         if self.config.tree == "best_first":
             top_k = state.top_k(self.config.top_k)
             tree = best_first(logits.float().log_softmax(-1), self.config.nodes or depth, top_k)  # the one read

@@ -123,13 +123,15 @@ def test_on_a_gpu_warm_up_captures_every_graph_and_no_address_moves(on_gpu):
         traffic.syncs, steps, dict(traffic.sync_sites))
 
 
-@pytest.mark.parametrize("kind", ["eagle3", "medusa", "sps"])
+@pytest.mark.parametrize("kind", ["eagle3", "medusa", "sps", "dflash"])
 def test_on_a_gpu_a_head_step_reads_the_host_twice_with_its_heads_a_graph(on_gpu, tmp_path, kind):
     """On a simulated GPU with graphs: an EAGLE-3 step is the head's catch-up, the tree's graph and the
     verification's; a Medusa step the heads' graph and the verification's; a self-draft's its catch-up and
-    chain as graphs of the kept layers, then the verification's (each graph rehearsed with host reads made
+    chain as graphs of the kept layers, then the verification's; a DFlash step its block's graph and the
+    verification's (each graph rehearsed with host reads made
     errors). Two host reads a drafting step (the draft's, the verified tokens'), no pageable upload; the output
     is autoregressive decoding's."""
+    from methods.dflash import DFlash, DFlashConfig
     from methods.eagle3 import Eagle3, Eagle3Config
     from methods.medusa import Medusa, MedusaConfig
     from methods.sps import SpeculativeSampling, SpSConfig
@@ -141,7 +143,8 @@ def test_on_a_gpu_a_head_step_reads_the_host_twice_with_its_heads_a_graph(on_gpu
     head = "" if kind == "sps" else str(random_head(kind, lm.model.config, tmp_path / "head"))
     cls, config = {"eagle3": (Eagle3, Eagle3Config(head=head, depth=3, top_k=2, total_tokens=6)),
                    "medusa": (Medusa, MedusaConfig(head=head, nodes=8)),
-                   "sps": (SpeculativeSampling, SpSConfig(self_skip_layers=[1], k=3))}[kind]
+                   "sps": (SpeculativeSampling, SpSConfig(self_skip_layers=[1], k=3)),
+                   "dflash": (DFlash, DFlashConfig(head=head, block=4))}[kind]
     with simulated_gpus(1) as sim:
         target = CompiledTarget(lm.model)
         ar = generate(target, Drafter(vocab_size=0), prompt, max_new_tokens=16).output_ids
@@ -152,7 +155,7 @@ def test_on_a_gpu_a_head_step_reads_the_host_twice_with_its_heads_a_graph(on_gpu
         rec = generate(target, drafter, prompt, max_new_tokens=16)
         traffic = sim.traffic - mark
     graphed = {"eagle3": lambda: drafter.trees.graphs, "medusa": lambda: drafter.graphs,
-               "sps": lambda: drafter.lm.graphed.engine._graphs}[kind]()
+               "sps": lambda: drafter.lm.graphed.engine._graphs, "dflash": lambda: drafter.graphs.graphs}[kind]()
     assert graphed and rec.output_ids == ar
     assert not traffic.pageable_sites, dict(traffic.pageable_sites)
     drafted = sum(1 for d in rec.step_drafted[1:] if d)
