@@ -18,6 +18,8 @@ chain draws each position's guess from the drafter's distribution there (the run
 top-p, drawn on the device from the drafter's own generator) and sends those distributions as ``q``, so the
 core's min(1, p/q) rule keeps the target's distribution; the tree's guesses stay deterministic (no ``q``, the
 core's one-hot rule, as EAGLE's): a top-k is not a sample of ``q``. Greedy drafts are argmaxes either way.
+When the target's steps are CUDA graphs, the drafter's forward is one graph a step
+(:mod:`specbench.drafting.dflash_graph`).
 """
 
 from __future__ import annotations
