@@ -354,20 +354,23 @@ def time_split(t: Tally, base: Tally) -> str:
     decode time: the steps the planner let draft, the plain ones; a plain step's drafting seconds (the
     drafter's check and the planner's bookkeeping, its record() included) against ``base``'s (the loop's own).
     Then what the planner spent against what it allows itself: O = D + P, D the drafting steps' excess, P the
-    plain steps' drafting and planning beyond the loop's own, A the allowance over one pass (:func:`spent`)."""
-    over, steps, stopped, own, total = _split(t, base)
+    plain steps' drafting and planning beyond the loop's own, A the allowance over one pass (:func:`spent`); and
+    the steps ``base`` took past ``t``'s last (what accepted guesses saved, which D does not subtract)."""
+    over, steps, stopped, own, total, saved = _split(t, base)
     o, a = spent(t, base)
     return (f"drafting {100 * over[True] / total:+.2f}% ({steps[True]} steps), plain {100 * over[False] / total:+.2f}%"
             f" ({steps[False]} steps, drafting and planning {1e3 * np.mean(stopped or [0]):.3f} ms a step against "
-            f"the loop's {1e3 * np.mean(own or [0]):.3f}); O = D + P {100 * o:+.2f}% against A {100 * a:.2f}%")
+            f"the loop's {1e3 * np.mean(own or [0]):.3f}); O = D + P {100 * o:+.2f}% against A {100 * a:.2f}%; "
+            f"saved {100 * saved[0] / total:.2f}% ({saved[1]} steps fewer)")
 
 
 def _split(t: Tally, base: Tally) -> tuple:
     """Excess seconds and steps of ``t`` over ``base``, by whether the planner let the step draft; the plain
-    steps' drafting seconds, ``base``'s, and ``base``'s decode time."""
+    steps' drafting seconds, ``base``'s, ``base``'s decode time, and ``base``'s seconds and steps past ``t``'s."""
     over, steps, stopped = {True: 0.0, False: 0.0}, {True: 0, False: 0}, []
     total = sum(sum(times) for times, _, _ in base.gens.values())
     own = [d for _, draft_s, _ in base.gens.values() for d in draft_s]
+    saved = [0.0, 0]
     for key, (times, draft_s, drafting) in t.gens.items():
         plain_s = base.gens[key][0] if key in base.gens else []
         for s, d, drafted, b in zip(times, draft_s, drafting, plain_s, strict=False):
@@ -375,7 +378,9 @@ def _split(t: Tally, base: Tally) -> tuple:
             steps[drafted] += 1
             if not drafted:
                 stopped.append(d)
-    return over, steps, stopped, own, total
+        saved[0] += sum(plain_s[len(times):])
+        saved[1] += max(0, len(plain_s) - len(times))
+    return over, steps, stopped, own, total, saved
 
 
 def spent(t: Tally, base: Tally) -> tuple[float, float]:
@@ -383,7 +388,7 @@ def spent(t: Tally, base: Tally) -> tuple[float, float]:
     over ``base``'s at the same positions, P = (a plain step's drafting and planning − the loop's own) × the plain
     steps; A = ALLOWANCE_SHARE + ALLOWANCE_FLOOR ÷ the plain steps of one pass (each repeat is a pass: its
     planner starts afresh)."""
-    over, steps, stopped, own, total = _split(t, base)
+    over, steps, stopped, own, total, _ = _split(t, base)
     p = (np.mean(stopped) - np.mean(own or [0])) * steps[False] if stopped else 0.0
     passes = len({rep for _, rep in base.gens}) or 1
     pass_steps = sum(len(times) for times, _, _ in base.gens.values()) / passes

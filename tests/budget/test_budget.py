@@ -684,7 +684,10 @@ def test_compare_splits_a_presets_time_beyond_autoregressive_decoding_by_what_th
     # allowance of one pass of 3 plain steps, 1% + 2 steps
     o, a = spent(method, base)
     assert o == pytest.approx((1.0 + 2 * 0.001) / 3.0) and a == pytest.approx(0.01 + 2 / 3)
-    assert out.endswith("O = D + P +33.40% against A 67.67%")
+    assert out.endswith("O = D + P +33.40% against A 67.67%; saved 0.00% (0 steps fewer)")
+    shorter = Tally()  # a guess accepted on the first step: one step fewer than the baseline, its second saved
+    shorter.add(record([1.2, 1.0], [1, 0], [0.1, 0.001]), 2.7, True, whys=["chosen", "plain"])
+    assert time_split(shorter, base).endswith("saved 33.33% (1 steps fewer)")
     assert promise(method, base, {"speedup": 0.97}, True) == "kept"  # τ 1: nothing paid, within the allowance
     assert promise(method, base, {"speedup": 0.96}, True) == "broken"  # … but under the point line
     method.gens[(0, 0)][0][0] = 4.0  # the probe's excess 3 s: 100% of the baseline's time, past A
