@@ -93,3 +93,32 @@ def test_greedy_output_under_graphs_is_autoregressive(setup):
     ar = generate(target, Drafter(vocab_size=0), PROMPT, max_new_tokens=30).output_ids
     d = drafter(setup, True)
     assert generate(target, d, PROMPT, max_new_tokens=30).output_ids == ar and d.graphs.graphs
+
+
+def test_a_sampled_block_under_graphs_keeps_its_q_when_the_graph_is_replayed(setup):
+    """Sampling: the same seed draws the same guesses from the graphed step as from the eager one, and the ``q``
+    the draft carries is its own (a later replay, here a poisoning, leaves it unchanged)."""
+    from specbench.core.acceptance import SamplingParams
+
+    model, head = setup
+    made = []
+    for graphs in (False, True):
+        context = DrafterContext(target_model=model, target_name="tiny", graphs=graphs,
+                                 sampling=SamplingParams(temperature=1.0))
+        made.append(DFlash(DFlashConfig(head=head, block=5), vocab_size=VOCAB, seed=3, context=context))
+    target = Target(model)
+    out = []
+    with torch.inference_mode():
+        for d in made:
+            cache = target.new_cache(1, limit=100)
+            d.start(PROMPT)
+            target.prefill(PROMPT, cache, features=d.feature_layers)
+            d.prefilled(target.features)
+            draft = d.propose(DecodeState(tokens=[*PROMPT, 7], prompt_len=len(PROMPT), max_new_tokens=50))
+            kept = draft.draft_probs.clone()
+            for graph in (d.graphs.graphs.values() if d.graphs else []):
+                graph.poison()
+            assert torch.equal(draft.draft_probs, kept)
+            out.append(draft)
+    assert out[0].tokens == out[1].tokens
+    torch.testing.assert_close(out[1].draft_probs, out[0].draft_probs, atol=1e-5, rtol=1e-4)

@@ -90,3 +90,26 @@ def test_greedy_chains_under_graphs_are_the_eager_chains_and_output_stays_autore
     target = Target(model)
     ar = generate(target, Drafter(vocab_size=0), PROMPT, max_new_tokens=30).output_ids
     assert generate(target, drafter(True), PROMPT, max_new_tokens=30).output_ids == ar
+
+
+def test_a_sampled_chain_under_graphs_is_the_eager_chain_and_keeps_its_q(model):
+    """Sampling: the same seed draws the same chain through graphed feeds as through eager ones, and the ``q``
+    rows the draft carries survive the graphs' next replay (here a poisoning)."""
+    from specbench.core.acceptance import SamplingParams
+
+    drafts = []
+    for graphs in (False, True):
+        context = DrafterContext(target_model=model, target_name="tiny", graphs=graphs,
+                                 sampling=SamplingParams(temperature=1.0))
+        d = SpeculativeSampling(SpSConfig(self_skip_layers=[1], k=4), vocab_size=VOCAB, seed=5, context=context)
+        d.start(PROMPT)
+        with torch.inference_mode():
+            draft = d.propose(DecodeState(tokens=[*PROMPT, 7], prompt_len=len(PROMPT), max_new_tokens=50))
+            kept = draft.draft_probs.clone()
+            if graphs:
+                for graph in d.lm.graphed.engine._graphs.values():
+                    graph.poison()
+        assert torch.equal(draft.draft_probs, kept)
+        drafts.append(draft)
+    assert drafts[0].tokens == drafts[1].tokens and len(drafts[1].tokens) == 4
+    torch.testing.assert_close(drafts[1].draft_probs, drafts[0].draft_probs, atol=1e-5, rtol=1e-4)
