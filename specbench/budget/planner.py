@@ -170,8 +170,52 @@ class AutoBudget:
         """A generation begins: the drafter has yet to catch up on its prompt, which its first draft pays for."""
         self.behind, self.context = prompt_len if self.catches_up else 0, prompt_len
 
-    def allowance(self) -> float:
-        return ALLOWANCE_FLOOR + ALLOWANCE_SHARE * self.elapsed
+    def finish(self, tokens: list[int]) -> None:
+        """The generation ended with ``tokens``: count what can still be judged, forget the rest."""
+        self._resolve(tokens, final=True)
+        self._pending = []
+        self.behind = 0  # the next generation's drafter starts from its prompt
+
+    # -- observe: what the output shows of the drafts verified, and what each option would have brought --------
+
+    def _resolve(self, tokens: list[int], final: bool = False) -> None:
+        """Count what the output shows of each pending draft, level by level; keep those not counted through."""
+        waiting = []
+        for p in self._pending:
+            counted = self.stats.observe_output(p.draft, tokens[p.start:], final,
+                                                lambda s, w=p.width, f=p.full: fed(s, self.aux_feeds, w, f), p.counted)
+            if counted < max(p.draft.depths(), default=0):
+                waiting.append(p._replace(counted=counted))
+        self._pending = waiting
+
+    def _learn(self, draft: Draft, per: dict[int, tuple], caps: tuple, beyond: tuple | None = None) -> None:
+        """What a proposal drafted within ``caps`` (depth, top-k) would verify, and expect to be accepted, at each
+        option: its kept guesses up to depth d, of a tree those a top-k of w drafts too, at each pool width
+        (expectations under the acceptance model). A fresh sample weighs a third, what the means held being old:
+        an exploration's proposal, and past ``beyond`` (the step's own caps) the last proposal of the method's own
+        draft, re-scored at today's rates."""
+        depths = np.asarray(draft.depths(), dtype=int)
+        needs = np.asarray(draft.needs or [1] * len(draft), dtype=int)
+        fresh = beyond is not None or (self.step.why == "explored" and len(draft))
+        for a, (keep, scores, _) in per.items():
+            kept, chance = depths[keep], np.asarray(scores, dtype=float)[keep] if keep else np.zeros(0)
+            for w in widths(self.top_k) if self.top_k else [0]:
+                if w > caps[1]:
+                    continue
+                within = needs[keep] <= w if w else np.ones(len(keep), bool)
+                gain = np.cumsum(np.bincount(kept[within], weights=chance[within], minlength=caps[0] + 1))
+                count = np.cumsum(np.bincount(kept[within], minlength=caps[0] + 1))
+                for d in range(1, caps[0] + 1):
+                    if beyond is not None and d <= beyond[0] and w <= beyond[1]:
+                        continue
+                    seen, at = self.options.setdefault(Option(d, w, a), Seen()), min(d, len(gain) - 1)
+                    seen.steps = (min(seen.steps, FRESH_SAMPLES) if fresh else seen.steps) + 1
+                    v = max(1 / WINDOW, 1 / seen.steps)
+                    seen.accepted += v * (gain[at] - seen.accepted)
+                    seen.guesses += v * (count[at] - seen.guesses)
+                    seen.aux += v * (aux_count(draft, a) - seen.aux)
+
+    # -- price: what a draft's guesses and its drafting are worth ----------------------------------------------
 
     @property
     def realism(self) -> float:
@@ -180,9 +224,25 @@ class AutoBudget:
         high (the winner's curse) and bring fewer tokens than expected."""
         return (self.realized[0] + TRUST) / (self.realized[1] + TRUST)
 
-    def _fits(self, loss: float) -> bool:
-        """The allowance check, for every kind of step: the regret after losing ``loss`` stays within it."""
-        return self.regret + loss <= self.allowance()
+    def _spent(self) -> float:
+        """The step's drafting seconds as the model prices them."""
+        return self.drafting(*self.step.drafted, self.behind) if self.step.caps.depth != 0 else self.drafting.stopped
+
+    def _weigh(self, draft: Draft, spent: float, caps: Option = OWN) -> dict[int, tuple]:
+        """Each pool width of ``draft``: the guesses worth verifying beside it (none past ``caps``), their scores,
+        its fixed block."""
+        full, depth, real = draft.aux_width, max(draft.depths(), default=0), self.realism
+        beyond = [d > (caps.depth or depth) or n > (caps.top_k or n)  # drafted past its caps
+                  for d, n in zip(draft.depths(), draft.needs or [1] * len(draft), strict=True)]
+        per = {}
+        for width in [0, *widths(full)] if full else [0]:
+            scores = node_scores(draft, self.stats, lambda s, w=width: fed(s, self.aux_feeds, w, full))
+            scores = [0.0 if past else x * real for x, past in zip(scores, beyond, strict=True)]
+            fixed = 1 + aux_count(draft, width)
+            per[width] = (best_prefix(scores, self.cost, fixed, self.context, spent)[0], scores, fixed)
+        return per
+
+    # -- choose: the step's caps before its proposal, then what of it to verify --------------------------------
 
     def cap(self) -> int | None:
         """Before the step's proposal: the deepest guess to draft (0: none; None: the method's own)."""
@@ -224,12 +284,16 @@ class AutoBudget:
                 self.cost(1 + seen.guesses + seen.aux, self.context) + SPIKE * self.drafting(*probe[:2], self.behind),
                 t1)):
             self.skipped = 0
-            return Option(None if probe.depth >= self.deepest else probe.depth), "explored"
+            return self._caps(probe), "explored"
         if best is None:
             self._quiet = 0 if self._pending else wait  # until the next probe, or what the output shows
             return PLAIN, "plain"
-        return Option(None if best.depth >= self.deepest else best.depth, None if best.top_k >= self.top_k else
-                      best.top_k, None if best.pool >= self.pool else best.pool), "chosen"
+        return self._caps(best), "chosen"
+
+    def _caps(self, option: Option) -> Option:
+        """``option`` as a step's caps: None where it reaches the method's own depth, top-k or pool width."""
+        return Option(*(None if mine >= own else mine for mine, own in zip(option, (self.deepest, self.top_k,
+                                                                                      self.pool), strict=True)))
 
     def _calibration_step(self) -> tuple[Option, str]:
         """The warm-up's schedule: the method's own draft first, then no draft, depth 1 and the deepest, at top-k
@@ -245,10 +309,6 @@ class AutoBudget:
         self._resolve(tokens)  # a stopped step: bookkeeping only (a drafter that proposed anyway is not sent)
         self.context = len(tokens)
         return self.settle(draft, tokens, 0, [])
-
-    def _spent(self) -> float:
-        """The step's drafting seconds as the model prices them."""
-        return self.drafting(*self.step.drafted, self.behind) if self.step.caps.depth != 0 else self.drafting.stopped
 
     def choose(self, draft: Draft, tokens: list[int]) -> tuple[int, list[int], list[float]]:
         """This step's pool width, the guesses to keep and their scores; :meth:`settle` closes the step. Every
@@ -285,6 +345,17 @@ class AutoBudget:
             keep = best_prefix(step.scores, self.cost, fixed, self.context, spent, fits)[0]
         return width, keep, step.scores
 
+    # -- check: the one allowance check every kind of step passes ----------------------------------------------
+
+    def allowance(self) -> float:
+        return ALLOWANCE_FLOOR + ALLOWANCE_SHARE * self.elapsed
+
+    def _fits(self, loss: float) -> bool:
+        """The allowance check, for every kind of step: the regret after losing ``loss`` stays within it."""
+        return self.regret + loss <= self.allowance()
+
+    # -- record: the step's plan, then what it spent and brought -----------------------------------------------
+
     def settle(self, draft: Draft, tokens: list[int], width: int, keep: list[int]) -> Draft:
         """The step verifies ``draft``'s guesses ``keep`` (parents first) and its first ``width`` aux columns."""
         step = self.step
@@ -305,79 +376,17 @@ class AutoBudget:
     def record(self, draft: Draft, accepted_nodes: list[int], draft_s: float = 0.0) -> None:
         """The step verified ``draft`` (as planned) and accepted ``accepted_nodes`` after ``draft_s`` seconds of
         drafting and planning: the run's time, the regret and (under ``auto``) drafting's cost."""
-        t1, step = self.cost(1, self.context), self.step
-        if step.caps.depth == 0:  # a stopped step: a plain forward and what the drafter's check cost
-            if not self.drafting.frozen:
-                self.drafting.observe(0, None, draft_s)
-            if self.catches_up:
-                self.behind += 1 + len(accepted_nodes)
-            self.elapsed += 1 + (self.drafting.stopped if self.static else draft_s) / t1
-            self.realized = [FADE * self.realized[0], FADE * self.realized[1]]
-            return
-        forward = self.cost(1 + len(draft) + draft.n_aux, self.context)
+        step, stopped = self.step, self.step.caps.depth == 0  # stopped: a plain forward and the drafter's check
         if not self.drafting.frozen:
-            self.drafting.observe(*step.drafted, draft_s, self.behind)
-        spent = self._spent() if self.static else draft_s
-        self.behind, self.elapsed = 0, self.elapsed + (forward + spent) / t1
+            self.drafting.observe(*((0, None) if stopped else step.drafted), draft_s, self.behind)
+        t1, spent = self.cost(1, self.context), self._spent() if self.static else draft_s
+        forward = t1 if stopped else self.cost(1 + len(draft) + draft.n_aux, self.context)
+        self.elapsed += (forward + spent) / t1
         self.realized = [FADE * self.realized[0] + len(accepted_nodes), FADE * self.realized[1] + step.bet]
-        lost = loss(forward + spent, t1, len(accepted_nodes))
+        if stopped:
+            self.behind += (1 + len(accepted_nodes)) * self.catches_up
+            return
+        self.behind, lost = 0, loss(forward + spent, t1, len(accepted_nodes))
         self.regret += lost
         if step.why in ("first", "explored"):  # a first draft is the first exploration; one that pays
             self.explored = self.explored + lost if lost > 0 else 0.0  # starts the waits over
-
-    def _weigh(self, draft: Draft, spent: float, caps: Option = OWN) -> dict[int, tuple]:
-        """Each pool width of ``draft``: the guesses worth verifying beside it (none past ``caps``), their scores,
-        its fixed block."""
-        full, depth, real = draft.aux_width, max(draft.depths(), default=0), self.realism
-        beyond = [d > (caps.depth or depth) or n > (caps.top_k or n)  # drafted past its caps
-                  for d, n in zip(draft.depths(), draft.needs or [1] * len(draft), strict=True)]
-        per = {}
-        for width in [0, *widths(full)] if full else [0]:
-            scores = node_scores(draft, self.stats, lambda s, w=width: fed(s, self.aux_feeds, w, full))
-            scores = [0.0 if past else x * real for x, past in zip(scores, beyond, strict=True)]
-            fixed = 1 + aux_count(draft, width)
-            per[width] = (best_prefix(scores, self.cost, fixed, self.context, spent)[0], scores, fixed)
-        return per
-
-    def _learn(self, draft: Draft, per: dict[int, tuple], caps: tuple, beyond: tuple | None = None) -> None:
-        """What a proposal drafted within ``caps`` (depth, top-k) would verify, and expect to be accepted, at each
-        option: its kept guesses up to depth d, of a tree those a top-k of w drafts too, at each pool width
-        (expectations under the acceptance model). A fresh sample weighs a third, what the means held being old:
-        an exploration's proposal, and past ``beyond`` (the step's own caps) the last proposal of the method's own
-        draft, re-scored at today's rates."""
-        depths = np.asarray(draft.depths(), dtype=int)
-        needs = np.asarray(draft.needs or [1] * len(draft), dtype=int)
-        fresh = beyond is not None or (self.step.why == "explored" and len(draft))
-        for a, (keep, scores, _) in per.items():
-            kept, chance = depths[keep], np.asarray(scores, dtype=float)[keep] if keep else np.zeros(0)
-            for w in widths(self.top_k) if self.top_k else [0]:
-                if w > caps[1]:
-                    continue
-                within = needs[keep] <= w if w else np.ones(len(keep), bool)
-                gain = np.cumsum(np.bincount(kept[within], weights=chance[within], minlength=caps[0] + 1))
-                count = np.cumsum(np.bincount(kept[within], minlength=caps[0] + 1))
-                for d in range(1, caps[0] + 1):
-                    if beyond is not None and d <= beyond[0] and w <= beyond[1]:
-                        continue
-                    seen, at = self.options.setdefault(Option(d, w, a), Seen()), min(d, len(gain) - 1)
-                    seen.steps = (min(seen.steps, FRESH_SAMPLES) if fresh else seen.steps) + 1
-                    v = max(1 / WINDOW, 1 / seen.steps)
-                    seen.accepted += v * (gain[at] - seen.accepted)
-                    seen.guesses += v * (count[at] - seen.guesses)
-                    seen.aux += v * (aux_count(draft, a) - seen.aux)
-
-    def _resolve(self, tokens: list[int], final: bool = False) -> None:
-        """Count what the output shows of each pending draft, level by level; keep those not counted through."""
-        waiting = []
-        for p in self._pending:
-            counted = self.stats.observe_output(p.draft, tokens[p.start:], final,
-                                                lambda s, w=p.width, f=p.full: fed(s, self.aux_feeds, w, f), p.counted)
-            if counted < max(p.draft.depths(), default=0):
-                waiting.append(p._replace(counted=counted))
-        self._pending = waiting
-
-    def finish(self, tokens: list[int]) -> None:
-        """The generation ended with ``tokens``: count what can still be judged, forget the rest."""
-        self._resolve(tokens, final=True)
-        self._pending = []
-        self.behind = 0  # the next generation's drafter starts from its prompt
