@@ -261,11 +261,11 @@ class AutoBudget:
         t1, wait = self.cost(1, self.context), EXPLORE_EVERY * WAIT_GROWTH ** min(self.explored, 64)  # 2⁶⁴: never
         self._need, self._quiet = float("inf"), 0
         if not self.options:  # nothing measured: the method's own draft, if drafting it cannot break the cap
-            drafting = self.drafting(self.deepest or self.drafting.deepest or 1, self.top_k or self.drafting.widest,
-                                     self.behind)
-            if self._fits(loss(t1 + SPIKE * drafting, t1)):
+            first = self._worst(t1, self.drafting(self.deepest or self.drafting.deepest or 1,
+                                                  self.top_k or self.drafting.widest, self.behind), t1)
+            if self._fits(first):
                 return OWN, "first"
-            self._need, self._quiet = loss(t1 + SPIKE * drafting, t1), float("inf")  # plain until there is room
+            self._need, self._quiet = first, float("inf")  # plain until there is room
             return PLAIN, "plain"
         best, top = None, (1.0 / (t1 + self.drafting.stopped),)
         for option, seen in self.options.items():
@@ -280,9 +280,8 @@ class AutoBudget:
                     self._need = min(self._need, expected)
         probe = Option(min(self.deepest, (best.depth if best else 0) + PROBE_STEP), self.top_k, self.pool)
         seen = self.options.get(probe)  # the probe: past the rule's choice, at the method's own top-k and pool
-        if self.skipped >= wait and best != probe and seen and self._fits(loss(
-                self.cost(1 + seen.guesses + seen.aux, self.context) + SPIKE * self.drafting(*probe[:2], self.behind),
-                t1)):
+        if self.skipped >= wait and best != probe and seen and self._fits(self._worst(
+                self.cost(1 + seen.guesses + seen.aux, self.context), self.drafting(*probe[:2], self.behind), t1)):
             self.skipped = 0
             return self._caps(probe), "explored"
         if best is None:
@@ -325,10 +324,9 @@ class AutoBudget:
             step.scores = [0.0] * len(draft)
             return full, list(range(len(draft))), step.scores
         t1, spent = self.cost(1, self.context), self._spent()
-        spike = STATIC_SPIKE if self.static else SPIKE  # a forced step's drafting may reach SPIKE × the model
 
         def fits(forward: float) -> bool:  # a forced step (a first draft, a probe) is checked at its worst case
-            return step.why not in ("first", "explored") or self._fits(loss(forward + spike * spent, t1))
+            return step.why not in ("first", "explored") or self._fits(self._worst(forward, spent, t1))
 
         per = self._weigh(draft, spent, step.caps)
         caps = (step.caps.depth or self.deepest, step.caps.top_k or self.top_k)
@@ -353,6 +351,12 @@ class AutoBudget:
     def _fits(self, loss: float) -> bool:
         """The allowance check, for every kind of step: the regret after losing ``loss`` stays within it."""
         return self.regret + loss <= self.allowance()
+
+    def _worst(self, forward: float, drafting: float, t1: float) -> float:
+        """What a forced step (a first draft, a probe) loses at worst, in plain steps of ``t1`` seconds: nothing
+        accepted, a forward of ``forward`` seconds and its ``drafting`` at SPIKE × the model (under ``static``, whose
+        regret counts the table's seconds and never the clock's, at STATIC_SPIKE × it)."""
+        return loss(forward + (STATIC_SPIKE if self.static else SPIKE) * drafting, t1)
 
     # -- record: the step's plan, then what it spent and brought -----------------------------------------------
 

@@ -258,6 +258,18 @@ def test_a_first_draft_pays_for_catching_up_on_the_prompt():
         assert planner.why[-1] == why and planner.behind == prompt_len
 
 
+def test_static_prices_a_forced_steps_drafting_at_its_tables_seconds():
+    """Under ``budget=static`` the regret counts the table's seconds, never the clock's: a first draft is checked
+    with its drafting at STATIC_SPIKE (1) × the table, under ``auto`` at SPIKE (2) ×. A first draft costing 1.5
+    plain steps fits the allowance's two plain steps under the one and not under the other."""
+    table = {"coef": [1.5 * CPU(1, 10), 0.0, 0.0, 0.0], "stopped": 0.0}
+    for static, why in ((True, "first"), (False, "plain")):
+        planner = AutoBudget(CPU, drafting=DraftingCost.from_dict(table, frozen=True), static=static)
+        planner.start(10)
+        planner.cap()
+        assert planner.why[-1] == why
+
+
 def test_a_drafter_that_does_not_catch_up_is_never_priced_for_a_pause():
     """A pool or a lookup is fed every step, drafting or not. A drafting table whose per-token term came out at
     0.7 ms (a warm-up's steps after a stopped one happened to be slow) would price its draft after 250 plain
