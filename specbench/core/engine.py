@@ -141,6 +141,7 @@ class CompiledTarget(Target):
         self._pool = None  # the memory pool every graph shares (on a CUDA device)
         self._direct = False  # a prefill: the layers run without a graph
         self._causal: dict[tuple, tuple] = {}  # (rows, q, width): a causal step's block and real rows
+        self._views: dict[tuple, list] = {}  # (buffer, shape, first row, rows): each layer's cache rows
         self.neg, self.group = torch.finfo(self.dtype).min, self.heads // self.kv_heads  # the mask's
         fns = (("layers", decoder.layers), ("head", decoder.head))
         if self.graphed:  # a graph launches the step's kernels at once: no compiler needed to cut their cost
@@ -264,9 +265,12 @@ class CompiledTarget(Target):
         else:
             where, visible = self._where_visible(lengths, block, real, span)
             torch._dynamo.maybe_mark_dynamic(visible, 3)  # one graph for every span (guards as the compiler needs)
-            kvs = [store[cache._where[i][1], :, lo : lo + n] for i in range(self.n_layers)]
-            for kv in kvs:  # any request's capacity: one graph
-                torch._dynamo.maybe_mark_dynamic(kv, 3)
+            kvs = self._views.get(key := (store.data_ptr(), store.shape, lo, n))
+            if kvs is None:  # each layer's rows of the buffer (it keeps its address), made once: not every step
+                self._views = {k: v for k, v in self._views.items() if k[:2] == key[:2]}  # none of an old buffer
+                kvs = self._views[key] = [store[cache._where[i][1], :, lo : lo + n] for i in range(self.n_layers)]
+                for kv in kvs:  # any request's capacity: one graph
+                    torch._dynamo.maybe_mark_dynamic(kv, 3)
             outs = self._layers(ids, positions, where, visible, kvs)
             rows = outs[-1].index_select(0, F.pad(index, (0, width(len(index)) - len(index))))
             logits = self._call("head", rows, *self.final, self.eps)[: len(index)]

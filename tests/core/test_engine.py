@@ -142,6 +142,29 @@ def test_the_cache_keeps_its_address_and_padding_never_shows():
     torch.testing.assert_close(after, before)
 
 
+def test_the_layers_cache_rows_are_made_once_per_buffer_and_an_ended_buffer_is_let_go():
+    """A step hands the compiled layers each layer's rows of the cache buffer: made once per (buffer, rows), the
+    same objects every step; a new buffer drops the views of the last one (they would hold its memory), and the
+    output stays eager decoding's."""
+    model = build()
+    compiled, eager = CompiledTarget(model, backend="eager"), Target(model)
+    first = compiled.new_cache(1, limit=64)
+    with torch.inference_mode():
+        compiled.prefill(PROMPT, first)
+        seen = []
+        for _ in range(3):
+            compiled.forward_draft(1, TREE, first)
+            Target.compact(first, first.lengths[0], [0])
+            seen.append(next(iter(compiled._views.values())))
+        assert len(compiled._views) == 1 and seen[0] is seen[1] is seen[2]
+        assert seen[0][0].data_ptr() == first.stores[compiled.device].data_ptr()
+        old = first.stores[compiled.device].data_ptr()
+        del first
+        ours = generate(compiled, Drafter(vocab_size=0), PROMPT, max_new_tokens=12)
+    assert all(key[0] != old for key in compiled._views)
+    assert ours.output_ids == generate(eager, Drafter(vocab_size=0), PROMPT, max_new_tokens=12).output_ids
+
+
 def test_models_it_cannot_run_are_refused_in_one_line():
     torch.manual_seed(0)
     gemma = AutoModelForCausalLM.from_config(Gemma3TextConfig(
