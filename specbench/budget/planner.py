@@ -256,6 +256,11 @@ class AutoBudget:
         return self.step.caps.top_k
 
     def _decide(self) -> tuple[Option, str]:
+        """The rule, before the step's proposal: with nothing measured, the method's own draft if its worst case
+        fits; else the option of the best expected tokens per second that fits, against no draft; once the wait is
+        up, a probe one level past that choice if its worst case fits; after a plain decision, plain again without
+        a second look until a probe is due, a pending draft may teach something, or the room grows to what the
+        best refused option needed."""
         if self.skipped < self._quiet and not self._fits(self._need):
             return PLAIN, "plain"  # nothing learned since, and no more room: plain until the next exploration
         t1, wait = self.cost(1, self.context), EXPLORE_EVERY * WAIT_GROWTH ** min(self.explored, 64)  # 2⁶⁴: never
