@@ -1,16 +1,15 @@
 """``budget=auto`` and ``budget=static``: each step drafts and verifies what pays on this machine.
 
-One rule decides every step: among no draft and the drafter's options (a depth cap, a tree's top-k, a pool
-width), the best expected tokens per second, (1 + expected accepted) / (forward seconds + drafting seconds),
-the forward priced by the cost curve, drafting by :class:`~specbench.budget.drafting.DraftingCost`, acceptance
-by :mod:`specbench.budget.acceptance`, scaled by the run's accepted over expected guesses (:attr:`realism`).
-Before the proposal it caps what the drafter drafts (0: no draft); after it, it keeps the best prefix of the
-guesses and the aux columns that pay. After ``EXPLORE_EVERY`` steps, one
-probes a level past the rule's choice, the wait doubled per plain step's worth probes (a first draft among them)
-lost since one last paid. A stopped step is bookkeeping: one look at the cost curve, none at the guesses.
-The regret (what drafting lost against plain decoding, in plain steps) stays within an allowance checked before
-every step: a cap, not a target. Under ``static`` drafting is priced from a stored table, never the
-clock. Outputs never change: a smaller draft is still a draft. docs/budget.md explains each part.
+One rule decides every step: among no draft and the drafter's options (a depth cap, a tree's top-k, a pool width),
+the best expected tokens per second, (1 + expected accepted) / (forward seconds + drafting seconds), the forward
+priced by the cost curve, drafting by :class:`~specbench.budget.drafting.DraftingCost`, acceptance by
+:mod:`specbench.budget.acceptance`, scaled by the run's accepted over expected guesses (:attr:`realism`). Before the
+proposal it caps what the drafter drafts (0: no draft); after it, it keeps the best prefix of the guesses and the
+aux columns that pay. After ``EXPLORE_EVERY`` steps, one probes a level past the rule's choice, the wait doubled per
+plain step's worth probes (a first draft among them) lost since one last paid. A stopped step is bookkeeping: one
+look at the cost curve, none at the guesses. The regret (what drafting lost against plain decoding, in plain steps)
+stays within an allowance checked before every step: a cap, not a target. ``static`` prices drafting from a stored
+table, never the clock. Outputs never change: a smaller draft is still a draft. docs/budget.md explains each part.
 """
 
 from __future__ import annotations
