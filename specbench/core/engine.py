@@ -1,55 +1,46 @@
 """``forward=compiled``: the target's forward at static shapes, its dense parts compiled (engine-grade).
 
-:class:`CompiledTarget` is a :class:`~specbench.core.forward.Target` (the same drafts, masks, cache and
-compaction; every caller unchanged) whose forward runs the decoder itself instead of calling transformers'
-modules, the way gpt-fast and serving engines do:
+:class:`CompiledTarget` is a :class:`~specbench.core.forward.Target` (the same drafts, masks, cache and compaction;
+every caller unchanged) whose forward runs the decoder itself instead of calling transformers' modules, the way
+gpt-fast and serving engines do:
 
-- **Static shapes.** A step's ``n`` rows of ``q`` tokens run as ``n × width(q)`` tokens, ``width`` rounding
-  up to a power of two (:data:`WIDTHS` up to 128; past it, a multiple of 128). Padded rows sit at their
-  row's last position, see only themselves, are never read back, and write keys and values past the block,
-  where the next block overwrites them. The LM head runs on the kept rows, padded the same way. A prompt
-  longer than 128 tokens is prefilled in 128-token pieces, so every shape the compiler sees comes from that
-  short list.
-- **The KV store allocated once** at the request's limit (plus the widest block), so its buffers keep their
-  addresses for the whole run (:meth:`~specbench.core.kv.RowCache.allocate`; entries are zeroed as forwards
-  first read them).
-- **Layers compiled in runs, one graph shared by every run.** A decoder layer (RMS norm, the fused q/k/v
-  product, rotary embedding, the keys and values written into the cache in place at the rows' positions,
-  attention over the cache, the output product, the residual, RMS norm, the fused gate/up product, SiLU,
-  the down product) is a function of its weights and cache rows, passed as arguments; :data:`GROUP`
-  consecutive layers run in one compiled call (:func:`groups`: 30 layers as 5 runs of 6), so a one-token
-  step enters compiled code 6 times instead of once or twice per layer, and one graph (two where the
-  layers do not divide evenly) serves every run. The step's span (the entries its rows attend over) is the
-  one dynamic size, so a width compiles once for every context length. Attention folds the query heads
-  that share a K/V head into its rows (as :mod:`specbench.core.attention` does); up to
-  :data:`~specbench.core.decoder.NARROW` rows it is written as sums the compiler fuses into its loops, wider
-  blocks use library products. A one-row weight product is a multiply-and-sum over the weight rows, which
-  Inductor turns into one streaming loop (on a 2-core CPU it reads the weights faster than a library call
-  for one row); blocks of several rows multiply with oneDNN's prepacked weights
-  (:func:`~specbench.core.decoder.packed_linear`), as the eager forward does.
+- **Static shapes.** A step's ``n`` rows of ``q`` tokens run as ``n × width(q)`` tokens, ``width`` rounding up to a
+  power of two (:data:`WIDTHS` up to 128; past it, a multiple of 128). Padded rows sit at their row's last position,
+  see only themselves, are never read back, and write keys and values past the block, where the next block overwrites
+  them. The LM head runs on the kept rows, padded the same way. A prompt is prefilled in pieces of at most 128 tokens
+  (:func:`pieces`: on a CPU, cut where padding would cost more than another piece), so every shape the compiler sees
+  comes from that short list.
+- **The KV store allocated once** at the request's limit (plus the widest block), so its buffers keep their addresses
+  for the whole run (:meth:`~specbench.core.kv.RowCache.allocate`; entries are zeroed as forwards first read them).
+- **Layers compiled in runs, one graph shared by every run.** A decoder layer (its norms, fused q/k/v and gate/up
+  products, rotary embedding, keys and values written into the cache in place at the rows' positions, attention over
+  the cache) is a function of its weights and cache rows, passed as arguments; :data:`GROUP` consecutive layers run
+  in one compiled call (:func:`groups`: 30 layers as 5 runs of 6), so a one-token step enters compiled code 6 times
+  instead of once or twice per layer, and one graph serves every run. The step's span (the entries its rows attend
+  over) is the one dynamic size, so a width compiles once for every context length. Attention and the products by
+  width: :mod:`specbench.core.decoder`.
 
-**On a GPU, CUDA graphs** (:mod:`specbench.core.graphs`): each verification step (the embedding, every layer,
-the LM head over every padded row) is one graph per (rows, width, span bucket of
-:data:`~specbench.core.graphs.SPAN_STEP` entries), its inputs (tokens, positions, the rows' lengths, the block's
-visibility) copied into the graph's own buffers, the cache positions and the mask made inside it; the layers run as their own kernels, uncompiled. The graphs read the cache
-buffer's address, so a request's cache takes again the buffer of one that has ended (:meth:`new_cache`); what a
-caller keeps (the kept rows' logits, the features heads read) is copied out of the graph's outputs, which the
-next step overwrites. A prompt is prefilled without a graph.
+**On a GPU, CUDA graphs** (:mod:`specbench.core.graphs`): each verification step is one graph per (rows, width, span
+bucket of :data:`~specbench.core.graphs.SPAN_STEP` entries), its inputs (tokens, positions, the rows' lengths, the
+block's visibility) copied into the graph's own buffers, the cache positions and the mask made inside it; the layers
+run as their own kernels, uncompiled. The graphs read the cache buffer's address, so a request's cache takes again
+the buffer of one that has ended (:meth:`new_cache`); what a caller keeps (the kept rows' logits, the features heads
+read) is copied out of the graph's outputs, which the next step overwrites. A prompt is prefilled without a graph.
 
-What stays out: models other than Llama-shaped decoders (Llama, Mistral without a sliding window, Qwen2), and
-models split over devices, are refused in one line.
-
-Compilation (capture) happens on a shape's first use (Inductor caches its kernels on disk across runs);
-:meth:`CompiledTarget.warm` compiles every width (captures every graph up to a length) ahead of a timed run, and
-:attr:`CompiledTarget.compile_s` says how long that took, reported apart from decoding.
+Models other than Llama-shaped decoders (Llama, Mistral without a sliding window, Qwen2), or split over devices, are
+refused in one line. Compilation (capture) happens on a shape's first use (Inductor caches its kernels on disk across
+runs); :meth:`CompiledTarget.warm` compiles every width (captures every graph up to a length) ahead of a timed run,
+and :attr:`CompiledTarget.compile_s` says how long that took, reported apart from decoding.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 import types
 import weakref
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -61,7 +52,8 @@ from specbench.errors import ConfigError
 
 FORWARD_MODES = ("eager", "compiled")
 WIDTHS = (1, 2, 4, 8, 16, 32, 64, 128)  # the block widths compiled (more rows: the next power of two)
-PIECE = WIDTHS[-1]  # prompts are prefilled in pieces of this many tokens
+PIECE = WIDTHS[-1]  # prompts are prefilled in pieces of at most this many tokens
+EACH = 16  # on a CPU a prefill piece costs what this many more rows do (SmolLM2 fp32: about 30 ms + 1.9 ms a row)
 GROUP = 6  # at most this many layers run in one compiled call (fewer calls; a longer first compilation)
 FAMILIES = ("llama", "mistral", "qwen2")  # decoders whose layers this forward reproduces
 ONE_DEVICE = "forward=compiled runs a model on one device: a sharded or offloaded model runs with forward=eager"
@@ -75,6 +67,16 @@ def width(q: int) -> int:
     """The padded width that ``q`` tokens run at: the next power of two up to :data:`PIECE`, past it the next
     multiple of :data:`PIECE` (a paper-sized block, compiled on its first use)."""
     return 1 << max(0, q - 1).bit_length() if q <= PIECE else -(-q // PIECE) * PIECE
+
+
+@functools.cache
+def pieces(n: int, each: int) -> tuple[int, ...]:
+    """The pieces a prompt of ``n`` tokens is prefilled in: :data:`PIECE` tokens while more are left, then those
+    of the least rows run, a piece counting as ``each`` rows more (on a tie: fewer pieces, the widest first)."""
+    if n > PIECE:
+        return (PIECE, *pieces(n - PIECE, each))
+    ways = [(n,), *((k, *pieces(n - k, each)) for k in WIDTHS if k < n)]
+    return min(ways, key=lambda way: (sum(each + width(k) for k in way), len(way), -way[0]))
 
 
 def groups(layers: int, most: int = GROUP) -> list[range]:
@@ -215,11 +217,12 @@ class CompiledTarget(Target):
             self._direct = direct
 
     def _prefill(self, prompt_ids: list[int], cache: RowCache, features: tuple[int, ...], slot: int) -> torch.Tensor:
-        if len(prompt_ids) <= PIECE:
+        sizes = pieces(len(prompt_ids), PIECE if self.graphed else EACH)
+        if len(sizes) == 1:
             return super().prefill(prompt_ids, cache, features, slot)
         states: dict[int, list[torch.Tensor]] = {}
-        for at in range(0, len(prompt_ids), PIECE):
-            logits = super().prefill(prompt_ids[at : at + PIECE], cache, features, slot)
+        for at, k in zip(np.cumsum([0, *sizes[:-1]]).tolist(), sizes, strict=True):
+            logits = super().prefill(prompt_ids[at : at + k], cache, features, slot)
             for layer, h in self.features.items():
                 states.setdefault(layer, []).append(h)
         self.features = {layer: torch.cat(parts) for layer, parts in states.items()}

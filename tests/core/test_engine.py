@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, Qw
 
 from specbench.core.decode import Request, decode_batch, generate
 from specbench.core.draft import Draft, Drafter
-from specbench.core.engine import PIECE, WIDTHS, CompiledTarget, EngineError, make_target, width
+from specbench.core.engine import EACH, PIECE, WIDTHS, CompiledTarget, EngineError, make_target, pieces, width
 from specbench.core.forward import Target
 
 VOCAB = 96
@@ -90,6 +90,25 @@ def test_a_long_prompt_is_prefilled_in_pieces(pair):
     prompt = [int(t) for t in np.random.default_rng(0).integers(0, VOCAB, PIECE * 2 + 17)]
     with torch.inference_mode():
         got = [t.prefill(prompt, t.new_cache(1, limit=400), features=(1,)) for t in pair]
+        states = [t.features[1] for t in pair]
+    torch.testing.assert_close(got[1], got[0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(states[1], states[0], atol=1e-4, rtol=1e-4)
+
+
+def test_a_prompt_runs_in_the_pieces_of_fewest_rows(pair):
+    """On a CPU a prompt is cut where padding it would cost more rows than another piece (EACH): 70 tokens run
+    as 64 + 6 (72 rows, not 128); no way of cutting it, into pieces of any sizes, runs fewer rows. A GPU's
+    prefill (each = PIECE) pads the rest into one piece, as before. Logits and features stay the eager ones."""
+    assert pieces(70, 16) == (64, 6) and pieces(78, 16) == (64, 14) and pieces(53, 16) == (53,)
+    assert pieces(300, 16) == (128, 128, 44) and pieces(70, PIECE) == (70,) and pieces(300, PIECE) == (128, 128, 44)
+    least = [0] * (PIECE + 1)  # the fewest rows (a piece counting EACH more) over every way of cutting n
+    for n in range(1, PIECE + 1):
+        least[n] = min(EACH + width(k) + least[n - k] for k in range(1, n + 1))
+        assert sum(pieces(n, EACH)) == n and sum(EACH + width(k) for k in pieces(n, EACH)) == least[n]
+    eager, compiled = pair
+    prompt = [int(t) for t in np.random.default_rng(1).integers(0, VOCAB, 70)]
+    with torch.inference_mode():
+        got = [t.prefill(prompt, t.new_cache(1, limit=128), features=(1,)) for t in pair]
         states = [t.features[1] for t in pair]
     torch.testing.assert_close(got[1], got[0], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(states[1], states[0], atol=1e-4, rtol=1e-4)
