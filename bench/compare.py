@@ -88,7 +88,7 @@ from specbench.core.reference import References
 from specbench.errors import ConfigError
 from specbench.machine.costs import load_or_measure
 from specbench.models import load_model
-from specbench.paths import CONF_DIR
+from specbench.paths import CONF_DIR, compiled_packages
 from specbench.provenance import environment_info
 from specbench.results.metrics import mac_tp, mic_tp
 from specbench.results.stats import bootstrap_interval, share_interval, speedup_ratio
@@ -240,7 +240,8 @@ def bench(loaded, prompts, presets: list[str], max_new: int, run_cfg=None, store
     eager is named ``<row>@<mode>``, its speedup over ``autoregressive@<mode>``)."""
     engines = engines or {}
     target = Target(loaded.model)
-    targets = {mode: target if mode == "eager" else make_target(loaded.model, mode) for mode in forwards}
+    targets = {mode: target if mode == "eager" else make_target(loaded.model, mode, ahead=compiled_packages())
+               for mode in forwards}
     costs = {"eager": cost}  # each mode plans on its own curve (a flat one is every mode's)
     for mode, t in targets.items():
         if hasattr(t, "warm"):

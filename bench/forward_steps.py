@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 from specbench.core.engine import make_target
 from specbench.machine.costs import _tree, timed_step
 from specbench.models import load_model
+from specbench.paths import compiled_packages
 from specbench.provenance import environment_info
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -39,7 +40,7 @@ def main() -> None:
     args = ap.parse_args()
     cfg = OmegaConf.merge(OmegaConf.load(CONF / "model" / f"{args.model}.yaml"), {"dtype": args.dtype})
     loaded = load_model(cfg, OmegaConf.load(CONF / "hardware" / "cpu.yaml"))
-    targets = {mode: make_target(loaded.model, mode) for mode in MODES}
+    targets = {mode: make_target(loaded.model, mode, ahead=compiled_packages()) for mode in MODES}
     print(f"{args.model} ({args.dtype}) on {environment_info(loaded.device)['device_name']}, "
           f"{torch.get_num_threads()} threads")
     limit = max(args.contexts) + max(args.qs) + 8

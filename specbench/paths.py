@@ -28,6 +28,11 @@ def cache_root() -> Path:
     return Path(os.environ.get("SPECBENCH_CACHE") or Path.home() / ".cache" / "specbench")
 
 
+def compiled_packages() -> Path:
+    """Where ``forward=compiled`` keeps what it compiles ahead of time (a CPU's one-token steps)."""
+    return cache_root() / "compiled"
+
+
 def private_tmp(path: Path) -> Path:
     """A temporary name beside ``path`` that no other process uses: write there, then ``replace`` onto
     ``path`` (two jobs filling one cache entry at once must not share, and lose, one temporary file)."""

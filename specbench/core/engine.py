@@ -5,20 +5,24 @@ every caller unchanged) whose forward runs the decoder itself instead of calling
 gpt-fast and serving engines do:
 
 - **Static shapes.** A step's ``n`` rows of ``q`` tokens run as ``n × width(q)`` tokens, ``width`` rounding up to a
-  power of two (:data:`WIDTHS` up to 128; past it, a multiple of 128). Padded rows sit at their row's last position,
-  see only themselves, are never read back, and write keys and values past the block, where the next block overwrites
-  them. The LM head runs on the kept rows, padded the same way. A prompt is prefilled in pieces of at most 128 tokens
-  (:func:`pieces`: on a CPU, cut where padding would cost more than another piece), so every shape the compiler sees
-  comes from that short list.
+  power of two (:data:`~specbench.core.shapes.WIDTHS` up to 128; past it, a multiple of 128). Padded rows sit at
+  their row's last position, see only themselves, are never read back, and write keys and values past the block,
+  where the next block overwrites them. The LM head runs on the kept rows, padded the same way. A prompt is prefilled
+  in pieces of at most 128 tokens (:func:`~specbench.core.shapes.pieces`: on a CPU, cut where padding would cost more
+  than another piece), so every shape the compiler sees comes from that short list.
 - **The KV store allocated once** at the request's limit (plus the widest block), so its buffers keep their addresses
   for the whole run (:meth:`~specbench.core.kv.RowCache.allocate`; entries are zeroed as forwards first read them).
 - **Layers compiled in runs, one graph shared by every run.** A decoder layer (its norms, fused q/k/v and gate/up
   products, rotary embedding, keys and values written into the cache in place at the rows' positions, attention over
-  the cache) is a function of its weights and cache rows, passed as arguments; :data:`GROUP` consecutive layers run
-  in one compiled call (:func:`groups`: 30 layers as 5 runs of 6), so a one-token step enters compiled code 6 times
-  instead of once or twice per layer, and one graph serves every run. The step's span (the entries its rows attend
-  over) is the one dynamic size, so a width compiles once for every context length. Attention and the products by
-  width: :mod:`specbench.core.decoder`.
+  the cache) is a function of its weights and cache rows, passed as arguments; :data:`~specbench.core.shapes.GROUP`
+  consecutive layers run in one compiled call (:func:`~specbench.core.shapes.groups`: 30 layers as 5 runs of 6), so a
+  one-token step enters compiled code 6 times instead of once or twice per layer, and one graph serves every run. The
+  step's span (the entries its rows attend over) is the one dynamic size, so a width compiles once for every context
+  length. Attention and the products by width: :mod:`specbench.core.decoder`.
+
+**On a CPU, one-token steps ahead of time** (:mod:`specbench.core.aot`, when a folder for its packages is given): a
+step of one row of one token runs its runs of layers and its LM head through AOTInductor packages, with none of
+torch.compile's Python around each call; every other step goes through torch.compile.
 
 **On a GPU, CUDA graphs** (:mod:`specbench.core.graphs`): each verification step is one graph per (rows, width, span
 bucket of :data:`~specbench.core.graphs.SPAN_STEP` entries), its inputs (tokens, positions, the rows' lengths, the
@@ -39,52 +43,27 @@ import functools
 import time
 import types
 import weakref
+from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from specbench.core import decoder, graphs
+from specbench.core.aot import AheadOfTime
 from specbench.core.forward import Target
 from specbench.core.graphs import SPAN_STEP, StepGraph, native, span_bucket
 from specbench.core.kv import RowCache, upload
+from specbench.core.shapes import EACH, PIECE, WIDTHS, groups, pieces, width
 from specbench.errors import ConfigError
 
 FORWARD_MODES = ("eager", "compiled")
-WIDTHS = (1, 2, 4, 8, 16, 32, 64, 128)  # the block widths compiled (more rows: the next power of two)
-PIECE = WIDTHS[-1]  # prompts are prefilled in pieces of at most this many tokens
-EACH = 16  # on a CPU a prefill piece costs what this many more rows do (SmolLM2 fp32: about 30 ms + 1.9 ms a row)
-GROUP = 6  # at most this many layers run in one compiled call (fewer calls; a longer first compilation)
 FAMILIES = ("llama", "mistral", "qwen2")  # decoders whose layers this forward reproduces
 ONE_DEVICE = "forward=compiled runs a model on one device: a sharded or offloaded model runs with forward=eager"
 
 
 class EngineError(ConfigError):
     """A model or setting the compiled forward cannot run: the message names what to use instead."""
-
-
-def width(q: int) -> int:
-    """The padded width that ``q`` tokens run at: the next power of two up to :data:`PIECE`, past it the next
-    multiple of :data:`PIECE` (a paper-sized block, compiled on its first use)."""
-    return 1 << max(0, q - 1).bit_length() if q <= PIECE else -(-q // PIECE) * PIECE
-
-
-@functools.cache
-def pieces(n: int, each: int) -> tuple[int, ...]:
-    """The pieces a prompt of ``n`` tokens is prefilled in: :data:`PIECE` tokens while more are left, then those
-    of the least rows run, a piece counting as ``each`` rows more (on a tie: fewer pieces, the widest first)."""
-    if n > PIECE:
-        return (PIECE, *pieces(n - PIECE, each))
-    ways = [(n,), *((k, *pieces(n - k, each)) for k in WIDTHS if k < n)]
-    return min(ways, key=lambda way: (sum(each + width(k) for k in way), len(way), -way[0]))
-
-
-def groups(layers: int, most: int = GROUP) -> list[range]:
-    """The layers cut into runs of nearly equal length, at most ``most`` each (so at most two lengths, and two
-    compiled graphs a shape)."""
-    count = -(-layers // most)
-    cuts = [layers * i // count for i in range(count + 1)]
-    return [range(a, b) for a, b in zip(cuts, cuts[1:], strict=False)]
 
 
 def supported(model: torch.nn.Module) -> str | None:
@@ -110,12 +89,13 @@ class CompiledTarget(Target):
     """The target with ``forward=compiled``; ``backend``: torch.compile's (``inductor``; ``eager`` runs the
     same static-shape path uncompiled, as the quick tests do); ``graphs``: each step a CUDA graph
     (:mod:`specbench.core.graphs`; None: on a GPU), the layers then left to their own kernels; ``layers``: the
-    layers run, in order (a self-draft's; None: all), its cache holding theirs alone."""
+    layers run, in order (a self-draft's; None: all), its cache holding theirs alone; ``ahead``: a folder for the
+    packages of a CPU's one-token steps (:mod:`specbench.core.aot`; None: those steps through torch.compile too)."""
 
     mode = "compiled"
 
     def __init__(self, model: torch.nn.Module, backend: str = "inductor", graphs: bool | None = None,
-                 layers: list[int] | None = None) -> None:
+                 layers: list[int] | None = None, ahead: Path | None = None) -> None:
         why = supported(model)
         if why:
             raise EngineError(why)
@@ -152,6 +132,8 @@ class CompiledTarget(Target):
             self._fns = {name: torch.compile(_own(fn), backend=backend, dynamic=None, fullgraph=True)
                          for name, fn in fns}
             _allow_recompiles()
+        cpu = self.device.type == "cpu" and not self.graphed  # one-token steps ahead of time: a CPU's (given a folder)
+        self.ahead = AheadOfTime(ahead, self._fns) if ahead is not None and cpu else None
 
     def _rotary(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin of every position up to ``n``, from the model's own rotary module (scaling included)."""
@@ -177,11 +159,13 @@ class CompiledTarget(Target):
         return cache
 
     def _call(self, name: str, *args):
-        key = (name, *args[4].shape, len(args[3])) if name == "layers" else (name, args[0].shape[0])  # rows, width, run
+        ahead = self.ahead is not None and self.ahead.takes(name, args)  # a one-token step: its package's runner
+        fn = functools.partial(self.ahead, name) if ahead else self._fns[name]
+        key = (name, ahead, *args[4].shape, len(args[3])) if name == "layers" else (name, ahead, args[0].shape[0])
         if key in self.compiled or self.graphed:
-            return self._fns[name](*args)
+            return fn(*args)
         start = time.perf_counter()
-        out = self._fns[name](*args)
+        out = fn(*args)
         self.compile_s += time.perf_counter() - start
         self.compiled.add(key)
         return out
@@ -352,13 +336,15 @@ class CompiledTarget(Target):
         return (index // q) * w + index % q
 
 
-def make_target(model: torch.nn.Module, mode: str = "eager", backend: str = "inductor") -> Target:
-    """The target for ``forward=mode``: transformers' modules as they are, or :class:`CompiledTarget`."""
+def make_target(model: torch.nn.Module, mode: str = "eager", backend: str = "inductor", ahead: Path | None = None
+                ) -> Target:
+    """The target for ``forward=mode``: transformers' modules as they are, or :class:`CompiledTarget` (its one-token
+    steps on a CPU compiled ahead of time into packages kept in ``ahead``, if given)."""
     if mode not in FORWARD_MODES:
         raise EngineError(f"forward must be one of {', '.join(FORWARD_MODES)}, got {mode!r}")
     from specbench.core import forward  # looked up now: a test may stand a stub in for it
 
-    return forward.Target(model) if mode == "eager" else CompiledTarget(model, backend=backend)
+    return forward.Target(model) if mode == "eager" else CompiledTarget(model, backend=backend, ahead=ahead)
 
 
 def announce(target: Target, rows: int = 1, limit: int = PIECE) -> str:
@@ -372,8 +358,9 @@ def announce(target: Target, rows: int = 1, limit: int = PIECE) -> str:
     if target.graphed:
         return (f"forward=compiled: {len(target.compiled)} CUDA graphs captured in {seconds:.1f} s (not part of "
                 "any timing)")
-    return (f"forward=compiled: {len(target.compiled)} shapes compiled in {seconds:.1f} s (not part of any timing; "
-            "Inductor keeps its kernels for later runs)")
+    ahead = f", one-token steps ahead of time (kept in {target.ahead.folder})" if target.ahead else ""
+    return (f"forward=compiled: {len(target.compiled)} shapes compiled{ahead} in {seconds:.1f} s (not part of any "
+            "timing; Inductor keeps its kernels for later runs)")
 
 
 def _release(free: list, stores: dict, device: torch.device) -> None:

@@ -34,6 +34,7 @@ COST_DIR = "costs"
 BATCH_TOKENS = 1024  # most tokens (rows × block) a batched forward is timed with on a CPU; 4096 on a GPU
 SMALL_Q = 8  # blocks up to this size get more rounds: their costs differ from a plain step's by a tenth or so
 MEASURE_VERSION = 5  # part of the cache key: a changed measurement invalidates cached curves
+COMPILED_VERSION = 2  # … and of forward=compiled's: its one-token steps now compiled ahead of time on a CPU
 STALE = 1 / 3  # a cached curve off the plain step timed now by more than this (×4/3 or ×3/4) is timed again: a
 # 2-core VM's own pace moves ±15% within minutes (docs/measurements/budget.md), a day's or a load's far more
 
@@ -206,7 +207,7 @@ def cost_key(model_name: str, dtype: str, attn: str, device: Any, *, devices: li
     ident = [MEASURE_VERSION, model_name, dtype, attn, device_name(device), torch.__version__,
              transformers.__version__, quantization, device_map, [device_name(g) for g in gpus],
              (torch.version.cuda or "") if gpus else ""] + ([] if linear == "plain" else [linear]) + (
-                 [] if forward == "eager" else [f"forward={forward}"])
+                 [] if forward == "eager" else [f"forward={forward}", COMPILED_VERSION])
     return hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:16]
 
 
@@ -232,10 +233,10 @@ def load_or_measure(loaded: Any, model_name: str, dtype: str, attn: str, *, reme
     ``checked``), and a curve off by more than :data:`STALE` (a machine under another load, a cache from another
     day) is measured again, so drafting timed live is never set against a forward priced at another pace."""
     from specbench.core.engine import make_target
-    from specbench.paths import exclusive
+    from specbench.paths import compiled_packages, exclusive
 
     mode = getattr(loaded, "forward", "eager")  # each mode its own curve, timed through its own forward
-    target = target if target is not None else make_target(loaded.model, mode)
+    target = target if target is not None else make_target(loaded.model, mode, ahead=compiled_packages())
     key = cost_key(model_name, dtype, attn, target.device, devices=target.devices,
                    quantization=getattr(loaded, "quantization", ""), device_map=getattr(loaded, "device_map", ""),
                    linear=getattr(loaded, "linear", "plain"), forward=mode)

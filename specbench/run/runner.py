@@ -35,6 +35,7 @@ from specbench.core.engine import announce, make_target
 from specbench.core.reference import References
 from specbench.errors import ConfigError
 from specbench.models import load_draft, load_model
+from specbench.paths import compiled_packages
 from specbench.provenance import environment_info
 from specbench.results.metrics import BASELINE, summarize
 from specbench.results.rows import ResultWriter, load_results, make_row
@@ -108,7 +109,7 @@ class Measurement:
 
     def __init__(self, job: Job, loaded: Any, writer: ResultWriter, prompts: dict[str, list[int]]) -> None:
         self.job, self.loaded, self.writer, self.prompts = job, loaded, writer, prompts
-        self.target = make_target(loaded.model, getattr(loaded, "forward", "eager"))
+        self.target = make_target(loaded.model, getattr(loaded, "forward", "eager"), ahead=compiled_packages())
         longest = min(loaded.context_length, 2 * (max(map(len, prompts.values()), default=0) + job.max_new_tokens))
         print(announce(self.target, job.batch_size, longest), file=sys.stderr)  # compiled (up to a 2nd turn) untimed
         self.cost = None

@@ -779,7 +779,7 @@ def test_compare_runs_a_compiled_forward_alone(tiny_llama, monkeypatch):
 
     from specbench.core.engine import make_target
 
-    monkeypatch.setattr(compare, "make_target", lambda model, mode: make_target(model, mode, backend="eager"))
+    monkeypatch.setattr(compare, "make_target", lambda model, mode, **_: make_target(model, mode, backend="eager"))
 
     prompts = [[1, 5, 9, 4, 1, 5, 9], [2, 7, 3, 3, 8]]
     tallies = bench(tiny_llama, prompts, ["pld"], 6, cost=FLAT, hf_pld=False, forwards=("compiled",))

@@ -12,8 +12,9 @@ from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, Qw
 
 from specbench.core.decode import Request, decode_batch, generate
 from specbench.core.draft import Draft, Drafter
-from specbench.core.engine import EACH, PIECE, WIDTHS, CompiledTarget, EngineError, make_target, pieces, width
+from specbench.core.engine import CompiledTarget, EngineError, make_target
 from specbench.core.forward import Target
+from specbench.core.shapes import EACH, PIECE, WIDTHS, pieces, width
 
 VOCAB = 96
 

@@ -20,7 +20,7 @@ def cfg_for(tmp_path, *extra):
 
 def test_a_compiled_run_files_its_rows_apart_from_an_eager_one(tmp_path, monkeypatch, capsys):
     # the static-shape path with torch.compile's eager backend: what the run does, without Inductor's minutes
-    monkeypatch.setattr(runner, "make_target", lambda model, mode: make_target(model, mode, backend="eager"))
+    monkeypatch.setattr(runner, "make_target", lambda model, mode, **_: make_target(model, mode, backend="eager"))
     run(cfg_for(tmp_path, "method=pld", "forward=compiled"))
     assert "forward=compiled:" in capsys.readouterr().err
     run(cfg_for(tmp_path, "method=pld"))
