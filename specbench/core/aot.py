@@ -131,7 +131,8 @@ class AheadOfTime:
                 program = torch.export.export(made, tuple(example), dynamic_shapes=shapes, strict=False)
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{path.stem}.{os.getpid()}.{uuid.uuid4().hex[:8]}.pt2")  # then renamed
-            torch._inductor.aoti_compile_and_package(program, package_path=str(tmp))
+            with torch._inductor.config.patch({"aot_inductor.metadata": {}}):  # (else it stays, in every later
+                torch._inductor.aoti_compile_and_package(program, package_path=str(tmp))  # compile's cache key)
             tmp.replace(path)
         return torch._inductor.aoti_load_package(str(path))
 

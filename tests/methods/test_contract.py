@@ -86,9 +86,10 @@ def target():
 
 
 @pytest.fixture(scope="module")
-def compiled(target):
-    """The same tiny Llama with ``forward=compiled`` (the static shapes, compiled with the eager backend)."""
-    return CompiledTarget(target.model, backend="eager")
+def compiled(target, tmp_path_factory):
+    """The same tiny Llama with ``forward=compiled`` (the static shapes, compiled with the eager backend), its
+    one-token steps through packages compiled ahead of time, as a CPU run has them (built once, tens of seconds)."""
+    return CompiledTarget(target.model, backend="eager", ahead=tmp_path_factory.mktemp("packages"))
 
 
 class Poisoned(CompiledTarget):
@@ -236,9 +237,10 @@ def test_sampling_keeps_the_target_distribution_compiled(name, store, compiled, 
 
 
 @pytest.fixture(scope="module")
-def inductor(target):
-    """The same tiny Llama with ``forward=compiled`` as a run has it: compiled with Inductor."""
-    return CompiledTarget(target.model)
+def inductor(target, tmp_path_factory):
+    """The same tiny Llama with ``forward=compiled`` as a run has it: compiled with Inductor, its one-token steps
+    ahead of time."""
+    return CompiledTarget(target.model, ahead=tmp_path_factory.mktemp("inductor-packages"))
 
 
 @pytest.mark.slow
